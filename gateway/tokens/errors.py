@@ -1,0 +1,35 @@
+"""Exceptions raised by token counting.
+
+Every error here derives from :class:`TokenCountError`, so the service can map the whole family
+to one HTTP answer. Errors caused by the request itself (bad prompt type, a template that rejects
+the messages) also derive from :class:`ValueError`; errors of the gateway's own set-up or of an
+upstream engine do not.
+"""
+
+from __future__ import annotations
+
+
+class TokenCountError(Exception):
+    """Base class of every error raised by ``gateway.tokens``."""
+
+
+class TokenizerLoadError(TokenCountError):
+    """A tokenizer or encoding could not be loaded from local files (never downloaded)."""
+
+
+class ChatTemplateError(TokenCountError, ValueError):
+    """The messages could not be rendered: no template, bad content parts, or the template raised
+    (``raise_exception``) on them. The request is at fault, so this is also a ``ValueError``."""
+
+
+class PromptTypeError(TokenCountError, ValueError):
+    """A completions ``prompt`` of a type the OpenAI API does not allow."""
+
+
+class EngineTokenizeError(TokenCountError):
+    """No engine answered ``POST /tokenize`` usefully: all URLs failed to connect, or an engine
+    answered with an error or a body without ``count``."""
+
+    def __init__(self, message: str, *, attempts: tuple[str, ...] = ()) -> None:
+        super().__init__(message)
+        self.attempts = attempts
