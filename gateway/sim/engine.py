@@ -1,0 +1,448 @@
+"""A pure step model of vLLM v1's scheduler and KV block pool.
+
+No asyncio, no I/O, no clock of its own: the caller passes ``now`` into every step and decides
+when the next one starts (``step_seconds`` of the batch says how long it would take). The HTTP
+server drives it on the real clock; ``gateway.sim.virtual.simulate`` drives it on a virtual one.
+
+The model follows ``vllm/v1/core/sched/scheduler.py`` (FCFS policy):
+
+* The block pool holds ``num_gpu_blocks`` blocks, one of which is vLLM's *null block*, so
+  ``num_gpu_blocks - 1`` are usable and ``kv_cache_usage = 1 - free / (num_gpu_blocks - 1)``.
+* A request needs ``ceil(computed_tokens / block_size)`` blocks. Each step schedules, per
+  request, the tokens not yet computed (the whole prompt, a chunk of it, or the one token
+  sampled last step); blocks are taken for them before the step runs.
+* Running requests are served first, oldest first. When one cannot get its blocks, the newest
+  running request is preempted (blocks freed, progress reset, put at the front of the waiting
+  queue) until it can, or until it is itself the newest and gets preempted.
+* Only if nothing was preempted this step, waiting requests are admitted FCFS while
+  ``running < max_num_seqs`` and budget remains, each only if the blocks of its whole prompt
+  (prompt + generated, on re-admission after preemption) are free; the first that does not fit
+  stops admission (head-of-line blocking).
+* At the end of a step every request whose tokens are all computed samples one new token; a
+  request finishes when it has its planned number of output tokens and its blocks are freed.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Literal
+
+FinishReason = Literal["stop", "length", "abort"]
+
+
+class EngineError(ValueError):
+    """A request or configuration the engine cannot accept."""
+
+
+@dataclass(frozen=True)
+class EngineLimits:
+    """The scheduler and cache configuration of one engine (vLLM's flags of the same names).
+
+    ``chunked_prefill`` is on by default as in vLLM v1: a prompt larger than the step's
+    remaining budget is computed over several steps. With it off, a prompt is scheduled only
+    when its whole remainder fits in the budget, and ``max_num_batched_tokens`` must be at
+    least ``max_model_len`` (vLLM enforces the same at start-up).
+    """
+
+    num_gpu_blocks: int
+    block_size: int = 16
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 2048
+    max_model_len: int = 2048
+    chunked_prefill: bool = True
+
+    def __post_init__(self) -> None:
+        for name in ("num_gpu_blocks", "block_size", "max_num_seqs", "max_num_batched_tokens"):
+            if getattr(self, name) < 1:
+                raise EngineError(f"{name} must be >= 1")
+        if self.max_model_len < 2:
+            raise EngineError("max_model_len must be >= 2")
+        if self.usable_blocks < self.blocks_for(self.max_model_len):
+            # vLLM refuses to start when one max_model_len request does not fit; we also count
+            # the null block so that a lone request can always run to completion.
+            raise EngineError(
+                f"max_model_len {self.max_model_len} needs "
+                f"{self.blocks_for(self.max_model_len)} blocks of {self.block_size} tokens, "
+                f"but only {self.usable_blocks} of num_gpu_blocks {self.num_gpu_blocks} are "
+                "usable (one is vLLM's null block); raise --num-gpu-blocks or lower "
+                "--max-model-len"
+            )
+        if not self.chunked_prefill and self.max_num_batched_tokens < self.max_model_len:
+            raise EngineError(
+                "without chunked prefill, max_num_batched_tokens must be >= max_model_len"
+            )
+
+    @property
+    def usable_blocks(self) -> int:
+        """Blocks requests can hold: all but vLLM's null block."""
+        return max(self.num_gpu_blocks - 1, 0)
+
+    def blocks_for(self, tokens: int) -> int:
+        return math.ceil(tokens / self.block_size)
+
+
+@dataclass(frozen=True)
+class StepTiming:
+    """How long a step takes: prefill tokens × per-token cost + base + per-sequence cost × batch.
+
+    All in milliseconds. ``batch`` is the number of sequences scheduled in the step (prefilling
+    ones included), so a bigger batch makes every token slower, as on a real GPU.
+    """
+
+    prefill_ms_per_token: float = 0.02
+    decode_ms_base: float = 2.0
+    decode_ms_per_seq: float = 0.2
+
+    def step_seconds(self, prefill_tokens: int, batch: int) -> float:
+        if batch == 0:
+            return 0.0
+        ms = (
+            prefill_tokens * self.prefill_ms_per_token
+            + self.decode_ms_base
+            + self.decode_ms_per_seq * batch
+        )
+        return ms / 1000.0
+
+
+@dataclass(frozen=True)
+class RequestSpec:
+    """One sequence to generate: its prompt length and how its output ends.
+
+    The engine needs counts only (no prefix caching); the server maps the ``index``-th
+    generated token of a request to a token id itself. ``finish_reason`` is what the request
+    finishes with after ``num_output_tokens`` tokens: ``"stop"`` (the last one is EOS) or
+    ``"length"`` (max_tokens reached).
+    """
+
+    request_id: str
+    num_prompt_tokens: int
+    num_output_tokens: int
+    finish_reason: Literal["stop", "length"] = "length"
+
+
+class Status(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    PREEMPTED = "preempted"
+
+
+@dataclass(eq=False)
+class _Sequence:
+    spec: RequestSpec
+    arrival: float
+    status: Status = Status.WAITING
+    num_generated: int = 0
+    num_computed: int = 0
+    num_blocks: int = 0
+    num_preemptions: int = 0
+    first_token_at: float | None = None
+
+    @property
+    def num_tokens(self) -> int:
+        return self.spec.num_prompt_tokens + self.num_generated
+
+
+@dataclass(frozen=True)
+class TokenEvent:
+    """The ``index``-th output token (0-based) of a request was sampled at ``at``."""
+
+    request_id: str
+    index: int
+    at: float
+
+
+@dataclass(frozen=True)
+class Finished:
+    request_id: str
+    reason: FinishReason
+    num_prompt_tokens: int
+    num_output_tokens: int
+    arrival: float
+    first_token_at: float | None
+    at: float
+    num_preemptions: int
+
+
+@dataclass(frozen=True)
+class Batch:
+    """What one step computes; returned by ``begin_step`` and passed back to ``end_step``."""
+
+    started_at: float
+    seconds: float
+    scheduled: tuple[tuple[str, int], ...]  # (request id, tokens computed this step)
+    prefill_tokens: int
+    preempted: tuple[str, ...]
+
+    @property
+    def ends_at(self) -> float:
+        return self.started_at + self.seconds
+
+
+@dataclass(frozen=True)
+class StepOutcome:
+    batch: Batch
+    tokens: tuple[TokenEvent, ...]
+    finished: tuple[Finished, ...]
+
+
+@dataclass(frozen=True)
+class EngineSnapshot:
+    """What vLLM's /metrics would show now."""
+
+    running: int
+    waiting: int
+    used_blocks: int
+    num_gpu_blocks: int
+    kv_cache_usage: float
+    num_preemptions: int
+    prompt_tokens: int
+    generation_tokens: int
+    finished: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class RequestView:
+    request_id: str
+    status: str
+    num_tokens: int
+    num_computed_tokens: int
+    num_blocks: int
+    num_preemptions: int
+
+
+class Engine:
+    """The scheduler state of one engine. Not thread-safe; one driver owns it.
+
+    Contract: ``used_blocks <= num_gpu_blocks - 1`` and ``running <= max_num_seqs`` after every
+    call; every added request ends exactly once in ``Finished`` (by finishing or by abort); with
+    no request left, ``used_blocks == 0``.
+    """
+
+    def __init__(self, limits: EngineLimits, timing: StepTiming | None = None) -> None:
+        self.limits = limits
+        self.timing = timing or StepTiming()
+        self._waiting: deque[_Sequence] = deque()
+        self._running: list[_Sequence] = []
+        self._by_id: dict[str, _Sequence] = {}
+        self._free_blocks = limits.usable_blocks
+        self._in_flight: Batch | None = None
+        self.num_preemptions = 0
+        self.prompt_tokens = 0
+        self.generation_tokens = 0
+        self.finished_counts: dict[str, int] = {"stop": 0, "length": 0, "abort": 0}
+
+    # -- requests -------------------------------------------------------------------------
+
+    def add(self, spec: RequestSpec, now: float) -> None:
+        if spec.request_id in self._by_id:
+            raise EngineError(f"duplicate request id {spec.request_id!r}")
+        if spec.num_prompt_tokens < 1 or spec.num_output_tokens < 1:
+            raise EngineError("a request needs at least one prompt and one output token")
+        if spec.num_prompt_tokens + spec.num_output_tokens > self.limits.max_model_len:
+            raise EngineError(
+                f"prompt {spec.num_prompt_tokens} + output {spec.num_output_tokens} tokens "
+                f"exceed max_model_len {self.limits.max_model_len}"
+            )
+        seq = _Sequence(spec=spec, arrival=now)
+        self._by_id[spec.request_id] = seq
+        self._waiting.append(seq)
+
+    def abort(self, request_id: str, now: float) -> Finished | None:
+        """Remove a request wherever it is and free its blocks; None if it is not known."""
+        seq = self._by_id.get(request_id)
+        if seq is None:
+            return None
+        if seq in self._running:
+            self._running.remove(seq)
+        else:
+            self._waiting.remove(seq)
+        return self._finish(seq, "abort", now)
+
+    # -- steps ----------------------------------------------------------------------------
+
+    def has_work(self) -> bool:
+        return bool(self._running or self._waiting)
+
+    def begin_step(self, now: float) -> Batch:
+        """Schedule one step: allocate blocks, preempt, admit. Tokens come in ``end_step``."""
+        if self._in_flight is not None:
+            raise EngineError("a step is already in flight")
+        budget = self.limits.max_num_batched_tokens
+        scheduled: dict[str, int] = {}
+        preempted: list[str] = []
+        prefill_tokens = 0
+
+        i = 0
+        while i < len(self._running) and budget > 0:
+            seq = self._running[i]
+            num_new = self._tokens_to_schedule(seq, budget)
+            if num_new == 0:
+                i += 1  # an unchunkable remainder; vLLM skips it this step
+                continue
+            while not self._allocate(seq, seq.num_computed + num_new):
+                victim = self._running.pop()
+                self._preempt(victim)
+                preempted.append(victim.spec.request_id)
+                if victim is seq:
+                    break
+            if seq.status is not Status.RUNNING:
+                break
+            scheduled[seq.spec.request_id] = num_new
+            prefill_tokens += self._prefill_part(seq, num_new)
+            budget -= num_new
+            i += 1
+
+        # vLLM admits nothing in a step that had to preempt.
+        while (
+            not preempted
+            and self._waiting
+            and len(self._running) < self.limits.max_num_seqs
+            and budget > 0
+        ):
+            seq = self._waiting[0]
+            if self.limits.blocks_for(seq.num_tokens) > self._free_blocks:
+                break  # head-of-line blocking: the whole prompt must fit
+            num_new = self._tokens_to_schedule(seq, budget)
+            if num_new == 0:
+                break
+            allocated = self._allocate(seq, num_new)
+            assert allocated
+            self._waiting.popleft()
+            seq.status = Status.RUNNING
+            self._running.append(seq)
+            scheduled[seq.spec.request_id] = num_new
+            prefill_tokens += self._prefill_part(seq, num_new)
+            budget -= num_new
+
+        batch = Batch(
+            started_at=now,
+            seconds=self.timing.step_seconds(prefill_tokens, len(scheduled)),
+            scheduled=tuple(scheduled.items()),
+            prefill_tokens=prefill_tokens,
+            preempted=tuple(preempted),
+        )
+        self._in_flight = batch
+        return batch
+
+    def end_step(self, batch: Batch) -> StepOutcome:
+        """Apply a step's results at ``batch.ends_at``: sample tokens, finish requests."""
+        if self._in_flight is not batch:
+            raise EngineError("end_step of a batch that is not in flight")
+        self._in_flight = None
+        at = batch.ends_at
+        tokens: list[TokenEvent] = []
+        finished: list[Finished] = []
+        for request_id, num_new in batch.scheduled:
+            seq = self._by_id.get(request_id)
+            if seq is None or seq.status is not Status.RUNNING:
+                continue  # aborted while the step ran
+            seq.num_computed += num_new
+            if seq.num_computed < seq.num_tokens:
+                continue  # a chunk of a prefill; no token yet
+            if seq.first_token_at is None:
+                seq.first_token_at = at
+                self.prompt_tokens += seq.spec.num_prompt_tokens
+            tokens.append(TokenEvent(request_id, seq.num_generated, at))
+            seq.num_generated += 1
+            self.generation_tokens += 1
+            if seq.num_generated >= seq.spec.num_output_tokens:
+                self._running.remove(seq)
+                finished.append(self._finish(seq, seq.spec.finish_reason, at))
+        return StepOutcome(batch=batch, tokens=tuple(tokens), finished=tuple(finished))
+
+    def step(self, now: float) -> StepOutcome:
+        """``begin_step`` then ``end_step``, for drivers that need nothing in between."""
+        return self.end_step(self.begin_step(now))
+
+    # -- observation ----------------------------------------------------------------------
+
+    @property
+    def used_blocks(self) -> int:
+        return self.limits.usable_blocks - self._free_blocks
+
+    def kv_cache_usage(self) -> float:
+        usable = self.limits.usable_blocks
+        return 0.0 if usable == 0 else 1.0 - self._free_blocks / usable
+
+    def blocks_of(self, request_id: str) -> int | None:
+        seq = self._by_id.get(request_id)
+        return None if seq is None else seq.num_blocks
+
+    def snapshot(self) -> EngineSnapshot:
+        return EngineSnapshot(
+            running=len(self._running),
+            waiting=len(self._waiting),
+            used_blocks=self.used_blocks,
+            num_gpu_blocks=self.limits.num_gpu_blocks,
+            kv_cache_usage=self.kv_cache_usage(),
+            num_preemptions=self.num_preemptions,
+            prompt_tokens=self.prompt_tokens,
+            generation_tokens=self.generation_tokens,
+            finished=dict(self.finished_counts),
+        )
+
+    def requests(self) -> list[RequestView]:
+        """Every live request, running ones first (oldest first), then the waiting queue."""
+        return [
+            RequestView(
+                request_id=seq.spec.request_id,
+                status=seq.status.value,
+                num_tokens=seq.num_tokens,
+                num_computed_tokens=seq.num_computed,
+                num_blocks=seq.num_blocks,
+                num_preemptions=seq.num_preemptions,
+            )
+            for seq in [*self._running, *self._waiting]
+        ]
+
+    # -- internals ------------------------------------------------------------------------
+
+    def _tokens_to_schedule(self, seq: _Sequence, budget: int) -> int:
+        remaining = seq.num_tokens - seq.num_computed
+        if remaining <= budget:
+            return remaining
+        return budget if self.limits.chunked_prefill else 0
+
+    def _prefill_part(self, seq: _Sequence, num_new: int) -> int:
+        """Tokens of this step that recompute known tokens rather than decode the last one."""
+        is_decode = seq.num_generated > 0 and seq.num_computed == seq.num_tokens - 1
+        return 0 if is_decode else num_new
+
+    def _allocate(self, seq: _Sequence, tokens: int) -> bool:
+        need = self.limits.blocks_for(tokens) - seq.num_blocks
+        if need > self._free_blocks:
+            return False
+        if need > 0:
+            self._free_blocks -= need
+            seq.num_blocks += need
+        return True
+
+    def _release(self, seq: _Sequence) -> None:
+        self._free_blocks += seq.num_blocks
+        seq.num_blocks = 0
+
+    def _preempt(self, seq: _Sequence) -> None:
+        self._release(seq)
+        seq.status = Status.PREEMPTED
+        seq.num_computed = 0
+        seq.num_preemptions += 1
+        self.num_preemptions += 1
+        self._waiting.appendleft(seq)
+
+    def _finish(self, seq: _Sequence, reason: FinishReason, at: float) -> Finished:
+        self._release(seq)
+        del self._by_id[seq.spec.request_id]
+        self.finished_counts[reason] += 1
+        return Finished(
+            request_id=seq.spec.request_id,
+            reason=reason,
+            num_prompt_tokens=seq.spec.num_prompt_tokens,
+            num_output_tokens=seq.num_generated,
+            arrival=seq.arrival,
+            first_token_at=seq.first_token_at,
+            at=at,
+            num_preemptions=seq.num_preemptions,
+        )
