@@ -27,9 +27,13 @@ class PromptTypeError(TokenCountError, ValueError):
 
 
 class EngineTokenizeError(TokenCountError):
-    """No engine answered ``POST /tokenize`` usefully: all URLs failed to connect, or an engine
-    answered with an error or a body without ``count``."""
+    """No engine answered ``POST /tokenize`` usefully: every URL failed (``attempts`` says how),
+    or an engine answered 4xx (``status``; its message is in the text) or a body without a
+    valid ``count``."""
 
-    def __init__(self, message: str, *, attempts: tuple[str, ...] = ()) -> None:
+    def __init__(
+        self, message: str, *, status: int | None = None, attempts: tuple[str, ...] = ()
+    ) -> None:
         super().__init__(message)
+        self.status = status
         self.attempts = attempts

@@ -39,6 +39,7 @@ import jinja2.sandbox
 from tokenizers import Tokenizer
 
 from gateway.tokens.errors import ChatTemplateError, TokenizerLoadError
+from gateway.tokens.messages import content_text
 
 BUNDLED_TOKENIZER_DIR: Path = Path(__file__).resolve().parent.parent / "assets" / "tiny-tokenizer"
 """The project's tiny tokenizer directory, shipped as package data."""
@@ -218,33 +219,8 @@ def _normalize_message(message: Mapping[str, Any], index: int) -> dict[str, Any]
     if not isinstance(message, Mapping):
         raise ChatTemplateError(f"messages[{index}] is not an object")
     normalized = dict(message)
-    normalized["content"] = _content_text(message.get("content"), index)
+    normalized["content"] = content_text(message.get("content"), index)
     return normalized
-
-
-def _content_text(content: object, index: int) -> str:
-    """vLLM's "string" content format: text parts joined with a newline."""
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    if not isinstance(content, list):
-        raise ChatTemplateError(
-            f"messages[{index}].content must be a string or a list of parts, "
-            f"not {type(content).__name__}"
-        )
-    texts: list[str] = []
-    for j, part in enumerate(content):
-        if not isinstance(part, Mapping) or part.get("type") != "text":
-            kind = part.get("type") if isinstance(part, Mapping) else type(part).__name__
-            raise ChatTemplateError(
-                f"messages[{index}].content[{j}]: only text parts can be counted, got {kind!r}"
-            )
-        text = part.get("text")
-        if not isinstance(text, str):
-            raise ChatTemplateError(f"messages[{index}].content[{j}].text must be a string")
-        texts.append(text)
-    return "\n".join(texts)
 
 
 # --- the Jinja2 environment of transformers' apply_chat_template -------------------------------

@@ -1,0 +1,93 @@
+"""``make_counter``: a token counter from its spec string, validated once at start-up.
+
+Specs::
+
+    hf:<dir>                 the tokenizer directory <dir> (tokenizer.json + chat template)
+    hf:@tiny                 the project's bundled tiny tokenizer
+    tiktoken:<encoding>      an OpenAI encoding loaded offline (cl100k_base)
+    engine                   the engine's POST /tokenize, exact, one round trip
+    estimate[:<bytes/token>] ceil(utf8 bytes / 4 (or the given ratio)) + template overhead
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import httpx
+
+from gateway.tokens.engine import EngineCounter
+from gateway.tokens.errors import TokenizerLoadError
+from gateway.tokens.estimate import DEFAULT_BYTES_PER_TOKEN, EstimateCounter
+from gateway.tokens.hf import BUNDLED_TOKENIZER_DIR, HfTokenizer
+from gateway.tokens.local import HfCounter, TiktokenCounter
+from gateway.tokens.protocol import TokenCounter
+from gateway.tokens.tiktoken_local import canonical_name, load_encoding
+
+BUNDLED_ALIAS = "@tiny"
+SPEC_FORMS = (
+    "hf:<dir>, hf:@tiny, tiktoken:<encoding>, engine, estimate or estimate:<bytes_per_token>"
+)
+
+
+def make_counter(
+    spec: str,
+    *,
+    model: str,
+    tokenize_urls: Callable[[], list[str]] | None = None,
+    client: httpx.AsyncClient | None = None,
+) -> TokenCounter:
+    """Build the counter named by ``spec`` for ``model``.
+
+    Loads tokenizers and encodings now (from local files only), so a bad spec fails at
+    start-up: raises ``ValueError`` naming the spec and the reason. ``engine`` needs both
+    ``tokenize_urls`` (called on every count; it returns the base URLs of the engines serving
+    ``model``, best first) and ``client`` (owned and closed by the caller; its timeout
+    applies to each ``/tokenize`` call).
+    """
+    kind, sep, arg = spec.partition(":")
+    try:
+        if kind == "hf" and sep and arg:
+            return _hf(spec, arg)
+        if kind == "tiktoken" and sep and arg:
+            return TiktokenCounter(load_encoding(arg), name=f"tiktoken:{canonical_name(arg)}")
+        if spec == "engine":
+            return _engine(spec, model, tokenize_urls, client)
+        if kind == "estimate" and (not sep or arg):
+            return _estimate(spec, arg)
+    except TokenizerLoadError as exc:
+        raise ValueError(f"token counter {spec!r}: {exc}") from exc
+    raise ValueError(f"invalid token counter spec {spec!r}; expected one of {SPEC_FORMS}")
+
+
+def _hf(spec: str, arg: str) -> HfCounter:
+    directory = BUNDLED_TOKENIZER_DIR if arg == BUNDLED_ALIAS else Path(arg).expanduser()
+    if not directory.is_dir():
+        raise ValueError(f"token counter {spec!r}: {directory} is not a directory")
+    return HfCounter(HfTokenizer.load(directory), name=spec)
+
+
+def _engine(
+    spec: str,
+    model: str,
+    tokenize_urls: Callable[[], list[str]] | None,
+    client: httpx.AsyncClient | None,
+) -> EngineCounter:
+    if tokenize_urls is None or client is None:
+        raise ValueError(
+            f"token counter {spec!r} for model {model!r} needs tokenize_urls and an "
+            "httpx.AsyncClient"
+        )
+    return EngineCounter(model=model, urls=tokenize_urls, client=client)
+
+
+def _estimate(spec: str, arg: str) -> EstimateCounter:
+    if not arg:
+        return EstimateCounter(DEFAULT_BYTES_PER_TOKEN, name=spec)
+    try:
+        ratio = float(arg)
+        return EstimateCounter(ratio, name=spec)
+    except ValueError as exc:
+        raise ValueError(
+            f"token counter {spec!r}: bytes per token must be a positive number, got {arg!r}"
+        ) from exc
