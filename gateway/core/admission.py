@@ -1,0 +1,78 @@
+"""Where could a request ever run? Per-engine footprints, or the reason it fits nowhere.
+
+A request that can never fit — longer than `max_model_len`, more blocks than an engine's
+ceiling, more sequences than `max_num_seqs` — is refused with 400 before anything is
+reserved or queued; one that fits somewhere only waits for room.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from gateway.core.footprint import context_overflow, footprint
+from gateway.core.types import EngineSpec, Footprint, RequestShape
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    """Engines where the request could run once they have room, with its footprint on each."""
+
+    needs: dict[str, Footprint]
+
+
+@dataclass(frozen=True, slots=True)
+class NeverFits:
+    """Why no engine can ever take the request; the message carries the numbers."""
+
+    message: str
+    param: str | None = None
+
+
+def place(
+    shape: RequestShape, engines: Sequence[EngineSpec], kv_ceiling: float
+) -> Placement | NeverFits:
+    needs: dict[str, Footprint] = {}
+    reasons: list[NeverFits] = []
+    for spec in engines:
+        overflow = context_overflow(shape, spec.max_model_len)
+        if overflow is not None:
+            reasons.append(NeverFits(overflow, param="max_tokens"))
+            continue
+        need = footprint(shape, spec.block_size, spec.max_model_len)
+        capacity = spec.capacity_blocks(kv_ceiling)
+        if need.blocks > capacity:
+            reasons.append(
+                NeverFits(
+                    f"This request needs {need.blocks} KV blocks ({need.tokens} tokens at "
+                    f"block size {spec.block_size}: prompt plus max output, over {need.seqs} "
+                    f"sequence(s)), but engine {spec.name!r} admits at most {capacity} blocks "
+                    f"({kv_ceiling:g} of its {spec.usable_blocks} usable blocks). Reduce the "
+                    f"prompt, max_tokens or n."
+                )
+            )
+            continue
+        if need.seqs > spec.max_num_seqs:
+            reasons.append(
+                NeverFits(
+                    f"This request runs {need.seqs} sequences (n × prompts), but engine "
+                    f"{spec.name!r} runs at most max_num_seqs={spec.max_num_seqs}.",
+                    param="n",
+                )
+            )
+            continue
+        needs[spec.name] = need
+    if needs:
+        return Placement(needs)
+    if not reasons:
+        return NeverFits("no engine serves this model")
+    # The engine that came closest speaks for all: the largest context, then capacity.
+    return reasons[_closest(engines, kv_ceiling)]
+
+
+def _closest(engines: Sequence[EngineSpec], kv_ceiling: float) -> int:
+    best = max(
+        range(len(engines)),
+        key=lambda i: (engines[i].max_model_len, engines[i].capacity_blocks(kv_ceiling)),
+    )
+    return best

@@ -1,0 +1,59 @@
+"""KV footprint of a request: tokens → blocks, per engine.
+
+A sequence holds `ceil(tokens / block_size)` blocks when it has `tokens` tokens; at worst it
+reaches prompt + max output. With `n > 1` (or several prompts) vLLM v1 runs one sequence per
+choice, each with its own copy of the prompt: we count each sequence's prompt in full. With
+prefix caching vLLM may share the prompt's *full* blocks between those sequences, so this
+over-counts by at most `(n − 1) × floor(prompt / block_size)` blocks — a safe error.
+"""
+
+from __future__ import annotations
+
+from gateway.core.types import Footprint, RequestShape
+
+
+def ceil_div(a: int, b: int) -> int:
+    """`ceil(a / b)` for non-negative integers, without floats."""
+    return -(-a // b)
+
+
+def output_budget(prompt_tokens: int, requested: int | None, max_model_len: int) -> int:
+    """The most tokens one sequence may generate: what was asked, else what the context allows."""
+    if requested is None:
+        return max(0, max_model_len - prompt_tokens)
+    return requested
+
+
+def footprint(shape: RequestShape, block_size: int, max_model_len: int) -> Footprint:
+    """Worst-case blocks, sequences and tokens of `shape` on an engine of that geometry."""
+    blocks = 0
+    tokens = 0
+    for prompt in shape.prompt_tokens:
+        seq_tokens = prompt + output_budget(prompt, shape.max_output_tokens, max_model_len)
+        blocks += shape.n * ceil_div(seq_tokens, block_size)
+        tokens += shape.n * seq_tokens
+    return Footprint(blocks=blocks, seqs=shape.n * len(shape.prompt_tokens), tokens=tokens)
+
+
+def context_overflow(shape: RequestShape, max_model_len: int) -> str | None:
+    """Why `shape` can never run under `max_model_len`, in vLLM's words; None when it can.
+
+    Unlike vLLM 0.32, which silently clamps `max_tokens` when the prompt fits, the gateway
+    refuses prompt + max_tokens > max_model_len, as most vLLM versions and OpenAI do: a
+    client that asked for N tokens should learn it cannot get them.
+    """
+    for prompt in shape.prompt_tokens:
+        if prompt >= max_model_len:
+            return (
+                f"This model's maximum context length is {max_model_len} tokens. However, your "
+                f"prompt contains {prompt} input tokens, which leaves no room for output."
+            )
+        requested = shape.max_output_tokens
+        if requested is not None and prompt + requested > max_model_len:
+            return (
+                f"This model's maximum context length is {max_model_len} tokens. However, you "
+                f"requested {requested} output tokens and your prompt contains {prompt} input "
+                f"tokens, for a total of {prompt + requested} tokens. Please reduce the length "
+                f"of the input prompt or the number of requested output tokens."
+            )
+    return None

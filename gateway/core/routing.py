@@ -1,0 +1,96 @@
+"""Routing: filters → scorers → picker, over engine views.
+
+A request may go only to engines that pass every filter (healthy, room for its blocks, a
+free sequence slot). Among those, scorers rank them; the first scorer decides, later ones
+break ties, and an injected chooser breaks what ties remain. The default is the product's
+promise: the engine with the most free KV blocks, then the one with fewer running sequences.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Protocol, TypeVar
+
+from gateway.core.types import EngineView, Footprint
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    """One engine a request could go to, with what the request would claim there."""
+
+    view: EngineView
+    need: Footprint
+
+
+def fits(candidate: Candidate, kv_ceiling: float) -> bool:
+    """The filter: healthy, and room for the request's blocks and sequences right now."""
+    view, need = candidate.view, candidate.need
+    return (
+        view.healthy
+        and need.blocks <= view.free_blocks(kv_ceiling)
+        and need.seqs <= view.free_seqs()
+    )
+
+
+Scorer = Callable[[Candidate, float], float]
+"""A scorer maps (candidate, kv_ceiling) to a number; higher is better."""
+
+
+def most_free_blocks(candidate: Candidate, kv_ceiling: float) -> float:
+    """Free KV blocks left on the engine (absolute), before this request."""
+    return float(candidate.view.free_blocks(kv_ceiling))
+
+
+def fewest_running(candidate: Candidate, kv_ceiling: float) -> float:
+    """Fewer sequences running (reserved or reported) is better."""
+    view = candidate.view
+    return -float(view.load.reserved_seqs + view.external_seqs)
+
+
+def lowest_kv_fraction(candidate: Candidate, kv_ceiling: float) -> float:
+    """Smallest fraction of the engine's capacity in use: evens out engines of unequal size."""
+    view = candidate.view
+    capacity = view.spec.capacity_blocks(kv_ceiling)
+    if capacity <= 0:
+        return -1.0
+    return 1.0 - (capacity - view.free_blocks(kv_ceiling)) / capacity
+
+
+SCORERS: dict[str, Scorer] = {
+    "most_free_blocks": most_free_blocks,
+    "fewest_running": fewest_running,
+    "lowest_kv_fraction": lowest_kv_fraction,
+}
+DEFAULT_SCORERS: tuple[str, ...] = ("most_free_blocks", "fewest_running")
+
+
+class Chooser(Protocol):
+    """Breaks the last ties; `random.Random(seed)` is one."""
+
+    def choice(self, seq: Sequence[T]) -> T: ...
+
+
+class Router:
+    """Picks an engine for a request, or None when it fits nowhere right now."""
+
+    def __init__(self, scorer_names: Sequence[str] = DEFAULT_SCORERS) -> None:
+        unknown = [name for name in scorer_names if name not in SCORERS]
+        if unknown:
+            raise ValueError(f"unknown routing scorer(s) {unknown}; known: {sorted(SCORERS)}")
+        if not scorer_names:
+            raise ValueError("routing needs at least one scorer")
+        self.scorer_names = tuple(scorer_names)
+        self._scorers = tuple(SCORERS[name] for name in scorer_names)
+
+    def pick(
+        self, candidates: Sequence[Candidate], kv_ceiling: float, chooser: Chooser
+    ) -> Candidate | None:
+        eligible = [c for c in candidates if fits(c, kv_ceiling)]
+        if not eligible:
+            return None
+        scored = [(tuple(s(c, kv_ceiling) for s in self._scorers), c) for c in eligible]
+        best = max(score for score, _ in scored)
+        return chooser.choice([c for score, c in scored if score == best])
