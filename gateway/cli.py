@@ -37,9 +37,7 @@ def main(argv: list[str] | None = None) -> int:
     command = next((a for a in argv if not a.startswith("-")), None)
     if command in _COMMANDS:
         module = importlib.import_module(_COMMANDS[command][0])
-        sub_action = next(
-            a for a in parser._actions if isinstance(a, argparse._SubParsersAction)
-        )
+        sub_action = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
         module.add_arguments(sub_action.choices[command])
     args = parser.parse_args(argv)
     module = importlib.import_module(args._module)

@@ -1,0 +1,165 @@
+"""The gateway's configuration: one YAML file, validated once at start-up.
+
+Unknown keys and impossible values are errors that name the key (`ConfigError`). Field
+names are a contract with users: extend, never rename.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from gateway.core.routing import DEFAULT_SCORERS, SCORERS
+
+TOKENIZER_KINDS = ("tiktoken:", "hf:", "engine", "estimate")
+
+PositiveInt = Annotated[int, Field(gt=0)]
+
+
+class ConfigError(ValueError):
+    """The configuration cannot be used; the message names the key."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class EngineConfig(_Strict):
+    """One vLLM engine. Numbers left out are discovered from the engine at start-up."""
+
+    url: str
+    name: str | None = None
+    models: list[str] | None = None
+    num_gpu_blocks: PositiveInt | None = None
+    block_size: PositiveInt | None = None
+    max_num_seqs: PositiveInt | None = None
+    max_model_len: PositiveInt | None = None
+
+    @field_validator("url")
+    @classmethod
+    def _http_url(cls, url: str) -> str:
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.netloc:
+            raise ValueError(f"must be an http(s) URL like http://127.0.0.1:8001, got {url!r}")
+        return url.rstrip("/")
+
+    @property
+    def display_name(self) -> str:
+        return self.name or urlsplit(self.url).netloc
+
+
+class ModelConfig(_Strict):
+    """A model the gateway serves and how to count its tokens."""
+
+    name: str
+    tokenizer: str = "engine"
+
+    @field_validator("tokenizer")
+    @classmethod
+    def _known_kind(cls, spec: str) -> str:
+        if not any(spec == k or (k.endswith(":") and spec.startswith(k)) for k in TOKENIZER_KINDS):
+            raise ValueError(
+                f"unknown tokenizer {spec!r}; use tiktoken:<encoding>, hf:<dir>, engine or estimate"
+            )
+        return spec
+
+
+class QueueConfig(_Strict):
+    max_length: int = Field(default=256, ge=0)
+    max_wait_s: float = Field(default=30.0, gt=0)
+
+
+class AdmissionConfig(_Strict):
+    kv_ceiling: float = Field(default=0.95, gt=0, le=1)
+    reservation: Literal["worst_case"] = "worst_case"
+    # Retry-After when no release has been observed yet to estimate a drain rate from.
+    retry_fallback_s: float = Field(default=2.0, gt=0)
+    # Window over which the release rate (blocks per second) is measured.
+    rate_window_s: float = Field(default=30.0, gt=0)
+
+
+class RoutingConfig(_Strict):
+    scorers: list[str] = Field(default_factory=lambda: list(DEFAULT_SCORERS))
+    seed: int | None = None
+
+    @field_validator("scorers")
+    @classmethod
+    def _known_scorers(cls, names: list[str]) -> list[str]:
+        unknown = [n for n in names if n not in SCORERS]
+        if unknown or not names:
+            raise ValueError(f"unknown scorer(s) {unknown}; known: {sorted(SCORERS)}")
+        return names
+
+
+class UpstreamConfig(_Strict):
+    connect_timeout_s: float = Field(default=5.0, gt=0)
+    # Until the engine answers with headers (non-streaming requests wait for the whole answer).
+    first_byte_timeout_s: float = Field(default=600.0, gt=0)
+    # Longest silence between two chunks of a streaming answer.
+    idle_timeout_s: float = Field(default=120.0, gt=0)
+    max_connections: int = Field(default=1000, gt=0)
+    # Largest request body accepted, in bytes.
+    max_body_bytes: int = Field(default=16 * 1024 * 1024, gt=0)
+
+
+class GatewayConfig(_Strict):
+    engines: list[EngineConfig] = Field(min_length=1)
+    models: list[ModelConfig] = Field(default_factory=list)
+    queue: QueueConfig = QueueConfig()
+    admission: AdmissionConfig = AdmissionConfig()
+    routing: RoutingConfig = RoutingConfig()
+    upstream: UpstreamConfig = UpstreamConfig()
+
+    @model_validator(mode="after")
+    def _unique_names(self) -> GatewayConfig:
+        names = [e.display_name for e in self.engines]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"engine names must be unique; repeated: {dupes}")
+        models = [m.name for m in self.models]
+        dupes = sorted({n for n in models if models.count(n) > 1})
+        if dupes:
+            raise ValueError(f"model names must be unique; repeated: {dupes}")
+        return self
+
+    def tokenizer_for(self, model: str) -> str:
+        for m in self.models:
+            if m.name == model:
+                return m.tokenizer
+        return "engine"
+
+
+def _describe(error: ValidationError) -> str:
+    lines = []
+    for e in error.errors():
+        where = ".".join(str(p) for p in e["loc"]) or "(top level)"
+        msg = e["msg"]
+        if e["type"] == "extra_forbidden":
+            msg = "unknown key"
+        lines.append(f"{where}: {msg}")
+    return "; ".join(lines)
+
+
+def parse_config(data: Any) -> GatewayConfig:
+    if not isinstance(data, dict):
+        raise ConfigError("the configuration must be a YAML mapping (engines:, models:, ...)")
+    try:
+        return GatewayConfig.model_validate(data)
+    except ValidationError as e:
+        raise ConfigError(f"invalid configuration: {_describe(e)}") from None
+
+
+def load_config(path: str | Path) -> GatewayConfig:
+    try:
+        text = Path(path).read_text()
+    except OSError as e:
+        raise ConfigError(f"cannot read config {path}: {e.strerror}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise ConfigError(f"config {path} is not valid YAML: {e}") from None
+    return parse_config(data)

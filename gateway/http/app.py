@@ -1,0 +1,107 @@
+"""The Starlette application: OpenAI routes, health, and an admin view of the gateway's state."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import AsyncIterator
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from gateway.config import GatewayConfig
+from gateway.errors import GatewayError
+from gateway.http.completions import CompletionsEndpoint
+from gateway.runtime import Runtime, build_runtime
+
+_STARTED = int(time.time())
+
+
+def _runtime(request: Request) -> Runtime:
+    runtime: Runtime = request.app.state.runtime
+    return runtime
+
+
+async def list_models(request: Request) -> Response:
+    models = _runtime(request).pool.models()
+    data = [
+        {
+            "id": name,
+            "object": "model",
+            "created": _STARTED,
+            "owned_by": "kv-gateway",
+            "root": name,
+            "parent": None,
+            "max_model_len": max_len,
+        }
+        for name, max_len in sorted(models.items())
+    ]
+    return JSONResponse({"object": "list", "data": data})
+
+
+async def health(request: Request) -> Response:
+    return JSONResponse({"status": "ok"})
+
+
+async def status(request: Request) -> Response:
+    """What the gateway believes: engines (with where each value came from), loads, queue."""
+    runtime = _runtime(request)
+    loads = await runtime.store.loads()
+    engines = []
+    for state in runtime.pool:
+        spec = state.spec
+        load = loads.get(spec.name)
+        engines.append(
+            {
+                "name": spec.name,
+                "url": spec.url,
+                "models": sorted(spec.models),
+                "healthy": state.healthy,
+                "num_gpu_blocks": spec.num_gpu_blocks,
+                "block_size": spec.block_size,
+                "max_num_seqs": spec.max_num_seqs,
+                "max_model_len": spec.max_model_len,
+                "capacity_blocks": spec.capacity_blocks(runtime.cfg.admission.kv_ceiling),
+                "reserved_blocks": load.reserved_blocks if load else 0,
+                "reserved_seqs": load.reserved_seqs if load else 0,
+                "sources": state.sources,
+            }
+        )
+    return JSONResponse({"engines": engines, "queue": {"length": len(runtime.scheduler.queue)}})
+
+
+async def http_error(request: Request, exc: Exception) -> Response:
+    """Starlette's own errors (unknown route, wrong method) in the OpenAI shape too."""
+    assert isinstance(exc, HTTPException)
+    error = GatewayError(
+        f"{exc.detail}: {request.method} {request.url.path}", code=f"http_{exc.status_code}"
+    )
+    error.type = "invalid_request_error"
+    return JSONResponse(error.body(), status_code=exc.status_code, headers=exc.headers)
+
+
+def create_app(cfg: GatewayConfig, runtime: Runtime | None = None) -> Starlette:
+    """The gateway app. Pass a `runtime` already built (engines discovered) to start faster and
+    report start-up errors before binding; otherwise it is built in the lifespan."""
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        app.state.runtime = runtime or await build_runtime(cfg)
+        try:
+            yield
+        finally:
+            await app.state.runtime.aclose()
+
+    routes = [
+        Route("/v1/chat/completions", CompletionsEndpoint("chat"), methods=["POST"]),
+        Route("/v1/completions", CompletionsEndpoint("completion"), methods=["POST"]),
+        Route("/v1/models", list_models, methods=["GET"]),
+        Route("/health", health, methods=["GET"]),
+        Route("/admin/status", status, methods=["GET"]),
+    ]
+    return Starlette(
+        routes=routes, lifespan=lifespan, exception_handlers={HTTPException: http_error}
+    )

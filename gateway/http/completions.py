@@ -1,0 +1,172 @@
+"""`POST /v1/chat/completions` and `POST /v1/completions`, as a plain ASGI endpoint.
+
+Plain ASGI because the gateway must notice a client that goes away at any moment — while its
+request is queued, while the engine thinks, mid-stream — and then close the upstream request
+(which aborts it inside vLLM) and release the reservation. A watcher task reads `receive()`
+for `http.disconnect` and cancels the work; `finally` does the rest.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import uuid
+
+import httpx
+from starlette.types import Receive, Scope, Send
+
+from gateway.errors import GatewayError, UpstreamUnavailable
+from gateway.http.errors import send_error, sse_error_event
+from gateway.http.parse import Kind, parse_body
+from gateway.runtime import Runtime
+from gateway.state.base import Lease
+
+log = logging.getLogger(__name__)
+
+PATHS: dict[Kind, str] = {"chat": "/v1/chat/completions", "completion": "/v1/completions"}
+# Response headers passed from the engine to the client.
+PASS_BACK = (b"content-type", b"content-length", b"content-encoding", b"cache-control")
+
+
+class PayloadTooLarge(GatewayError):
+    status = 413
+    type = "invalid_request_error"
+    code = "payload_too_large"
+
+
+class _ClientGone(Exception):
+    pass
+
+
+class CompletionsEndpoint:
+    def __init__(self, kind: Kind) -> None:
+        self.kind = kind
+        self.path = PATHS[kind]
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        runtime: Runtime = scope["app"].state.runtime
+        request_id = _request_id(scope)
+        try:
+            body = await _read_body(receive, runtime.cfg.upstream.max_body_bytes)
+        except _ClientGone:
+            return
+        except GatewayError as e:
+            await send_error(send, e, request_id)
+            return
+        work = asyncio.ensure_future(self._serve(runtime, body, request_id, send))
+        watcher = asyncio.ensure_future(_until_disconnect(receive))
+        try:
+            await asyncio.wait({work, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in (work, watcher):
+                task.cancel()
+            for task in (work, watcher):
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+
+    async def _serve(self, runtime: Runtime, body: bytes, request_id: str, send: Send) -> None:
+        started = False
+        streaming = False
+        lease: Lease | None = None
+        try:
+            inbound = parse_body(body, self.kind)
+            streaming = inbound.stream
+            lease = await runtime.service.admit(inbound, request_id)
+            engine = runtime.service.spec(lease.engine)
+            response = await runtime.upstream.open(
+                engine.url, self.path, body, _upstream_headers(request_id)
+            )
+            try:
+                if response.status_code >= 500:
+                    text = (await response.aread()).decode(errors="replace")[:500]
+                    raise UpstreamUnavailable(
+                        f"engine {engine.name!r} answered {response.status_code}: {text}"
+                    )
+                headers = [(k, v) for k, v in response.headers.raw if k.lower() in PASS_BACK]
+                headers.append((b"x-request-id", request_id.encode()))
+                headers.append((b"x-kv-gateway-engine", engine.name.encode()))
+                await send(
+                    {
+                        "type": "http.response.start",
+                        "status": response.status_code,
+                        "headers": headers,
+                    }
+                )
+                started = True
+                async for chunk in runtime.upstream.chunks(response):
+                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
+            finally:
+                await response.aclose()
+        except GatewayError as e:
+            await _fail(send, e, request_id, started=started, streaming=streaming)
+        except (OSError, httpx.HTTPError) as e:  # the client's socket broke while we sent
+            log.info("request %s: connection lost: %s", request_id, type(e).__name__)
+        except Exception:
+            log.exception("request %s failed", request_id)
+            await _fail(
+                send,
+                GatewayError("internal error in the gateway; see its log"),
+                request_id,
+                started=started,
+                streaming=streaming,
+            )
+        finally:
+            if lease is not None:
+                # Shielded: a second cancellation must not lose the release.
+                await asyncio.shield(runtime.service.release(lease))
+
+
+async def _fail(
+    send: Send, error: GatewayError, request_id: str, *, started: bool, streaming: bool
+) -> None:
+    with contextlib.suppress(OSError):
+        if not started:
+            await send_error(send, error, request_id)
+        elif streaming:
+            await send(
+                {"type": "http.response.body", "body": sse_error_event(error), "more_body": False}
+            )
+        else:
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+def _request_id(scope: Scope) -> str:
+    for key, value in scope.get("headers", []):
+        if key == b"x-request-id":
+            text: str = bytes(value).decode("latin-1").strip()
+            if text and len(text) <= 128:
+                return text
+    return uuid.uuid4().hex
+
+
+def _upstream_headers(request_id: str) -> dict[str, str]:
+    return {
+        "content-type": "application/json",
+        "accept-encoding": "identity",
+        "x-request-id": request_id,
+    }
+
+
+async def _read_body(receive: Receive, limit: int) -> bytes:
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise _ClientGone
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            raise PayloadTooLarge(f"request body larger than {limit} bytes")
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            return b"".join(chunks)
+
+
+async def _until_disconnect(receive: Receive) -> None:
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return

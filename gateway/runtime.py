@@ -1,0 +1,76 @@
+"""Everything one gateway process runs with, built once at start-up and closed at shutdown."""
+
+from __future__ import annotations
+
+import logging
+import random
+from dataclasses import dataclass
+
+from gateway.config import GatewayConfig
+from gateway.core.queue import FifoQueue
+from gateway.core.retry import ReleaseRate
+from gateway.core.routing import Router
+from gateway.engines.pool import EnginePool
+from gateway.engines.setup import resolve_engines
+from gateway.proxy import Upstream
+from gateway.scheduler import Scheduler
+from gateway.service import Service
+from gateway.state.base import StateStore
+from gateway.state.memory import InMemoryStore
+from gateway.tokens.factory import make_counter
+from gateway.tokens.protocol import TokenCounter
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Runtime:
+    cfg: GatewayConfig
+    upstream: Upstream
+    pool: EnginePool
+    store: StateStore
+    scheduler: Scheduler
+    service: Service
+
+    async def aclose(self) -> None:
+        await self.store.close()
+        await self.upstream.aclose()
+
+
+async def build_runtime(cfg: GatewayConfig) -> Runtime:
+    upstream = Upstream(cfg.upstream)
+    try:
+        specs, sources = await resolve_engines(cfg, upstream.client)
+    except BaseException:
+        await upstream.aclose()
+        raise
+    pool = EnginePool(specs, sources)
+    router = Router(cfg.routing.scorers)
+    store = InMemoryStore(router, random.Random(cfg.routing.seed))
+    scheduler = Scheduler(
+        store=store,
+        pool=pool,
+        queue=FifoQueue(cfg.queue.max_length),
+        kv_ceiling=cfg.admission.kv_ceiling,
+        max_wait_s=cfg.queue.max_wait_s,
+        retry_fallback_s=cfg.admission.retry_fallback_s,
+        rate=ReleaseRate(cfg.admission.rate_window_s),
+    )
+    counters: dict[str, TokenCounter] = {}
+    for model in pool.models():
+        spec = cfg.tokenizer_for(model)
+
+        def urls(model: str = model) -> list[str]:
+            return [e.spec.url for e in pool.serving(model) if e.healthy]
+
+        counters[model] = make_counter(
+            spec, model=model, tokenize_urls=urls, client=upstream.client
+        )
+        log.info("model %s: token counter %s", model, spec)
+    unserved = [m.name for m in cfg.models if m.name not in counters]
+    if unserved:
+        log.warning("configured models served by no engine: %s", unserved)
+    service = Service(
+        pool=pool, scheduler=scheduler, counters=counters, kv_ceiling=cfg.admission.kv_ceiling
+    )
+    return Runtime(cfg, upstream, pool, store, scheduler, service)

@@ -1,0 +1,61 @@
+"""`kv-gateway serve --config FILE`: run the gateway in front of the configured engines."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+
+import uvicorn
+
+from gateway.config import ConfigError, GatewayConfig, load_config
+from gateway.engines.discovery import DiscoveryError
+from gateway.http.app import create_app
+from gateway.runtime import build_runtime
+
+log = logging.getLogger("gateway")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", required=True, help="YAML configuration file")
+    parser.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    parser.add_argument("--port", type=int, default=8000, help="port to listen on")
+    parser.add_argument(
+        "--log-level", default="info", choices=["debug", "info", "warning", "error"]
+    )
+
+
+def configure_logging(level: str) -> None:
+    logging.basicConfig(
+        level=level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+
+
+async def serve(cfg: GatewayConfig, host: str, port: int, log_level: str) -> None:
+    """Discover the engines, then serve until SIGINT/SIGTERM (uvicorn drains in-flight requests)."""
+    runtime = await build_runtime(cfg)
+    app = create_app(cfg, runtime)
+    server = uvicorn.Server(
+        uvicorn.Config(app, host=host, port=port, log_level=log_level, lifespan="on")
+    )
+    log.info("kv-gateway listening on http://%s:%d", host, port)
+    await server.serve()
+
+
+def run(args: argparse.Namespace) -> int:
+    configure_logging(args.log_level)
+    try:
+        cfg = load_config(args.config)
+        asyncio.run(serve(cfg, args.host, args.port, args.log_level))
+    except ConfigError as e:
+        print(f"kv-gateway: {e}", file=sys.stderr)
+        return 2
+    except DiscoveryError as e:
+        print(f"kv-gateway: engine discovery failed: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        pass
+    return 0

@@ -1,0 +1,69 @@
+"""The one orchestrator: tokens → footprint → admit (or queue, or refuse) → lease.
+
+The HTTP layer asks `admit` for a lease, forwards the request to the lease's engine and
+hands the lease back with `release` in `finally`, whatever happened.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from gateway.core.admission import NeverFits, place
+from gateway.core.types import EngineSpec, RequestShape
+from gateway.engines.pool import EnginePool
+from gateway.errors import BadRequest, ContextOverflow, ModelNotFound, UpstreamUnavailable
+from gateway.http.parse import Inbound
+from gateway.scheduler import Ask, Scheduler
+from gateway.state.base import Lease
+from gateway.tokens import TokenCountError
+from gateway.tokens.protocol import TokenCounter, prompt_token_counts
+
+
+class Service:
+    def __init__(
+        self,
+        *,
+        pool: EnginePool,
+        scheduler: Scheduler,
+        counters: Mapping[str, TokenCounter],
+        kv_ceiling: float,
+    ) -> None:
+        self.pool = pool
+        self.scheduler = scheduler
+        self.counters = counters
+        self.kv_ceiling = kv_ceiling
+
+    async def admit(self, inbound: Inbound, request_id: str, tenant: str = "default") -> Lease:
+        """A lease on an engine for this request; raises a `GatewayError` otherwise."""
+        engines = [e.spec for e in self.pool.serving(inbound.model)]
+        if not engines:
+            raise ModelNotFound(f"The model `{inbound.model}` does not exist.", param="model")
+        shape = await self.shape(inbound)
+        placement = place(shape, engines, self.kv_ceiling)
+        if isinstance(placement, NeverFits):
+            raise ContextOverflow(placement.message, param=placement.param)
+        return await self.scheduler.admit(Ask(id=request_id, needs=placement.needs, tenant=tenant))
+
+    async def release(self, lease: Lease) -> None:
+        await self.scheduler.release(lease)
+
+    async def shape(self, inbound: Inbound) -> RequestShape:
+        counter = self.counters[inbound.model]
+        try:
+            if inbound.messages is not None:
+                prompts = [await counter.count_chat(inbound.messages)]
+            else:
+                prompts = await prompt_token_counts(counter, inbound.prompt)
+        except ValueError as e:  # the request's fault: template refused it, bad prompt type
+            raise BadRequest(str(e), param="messages" if inbound.messages else "prompt") from None
+        except TokenCountError as e:
+            raise UpstreamUnavailable(f"could not count the request's tokens: {e}") from None
+        return RequestShape(
+            prompt_tokens=tuple(prompts), max_output_tokens=inbound.max_output_tokens, n=inbound.n
+        )
+
+    def spec(self, engine: str) -> EngineSpec:
+        state = self.pool.get(engine)
+        if state is None:  # an engine removed while a lease was held
+            raise UpstreamUnavailable(f"engine {engine!r} is no longer configured")
+        return state.spec
