@@ -1,0 +1,283 @@
+from __future__ import annotations
+
+import contextlib
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from gateway.engines.metrics import (
+    CacheConfig,
+    EngineMetrics,
+    MetricsParseError,
+    parse_metrics,
+    parse_page,
+    used_blocks_from_usage,
+)
+from tests.engines.pages import (
+    IDLE,
+    SATURATED,
+    add_dp_rank,
+    capture,
+    drop_series,
+    set_label,
+    set_value,
+)
+
+
+def only_model(page: str) -> EngineMetrics:
+    models = parse_metrics(page)
+    assert list(models) == ["tiny"]
+    return models["tiny"]
+
+
+# --- the real captures -------------------------------------------------------------------------
+
+
+def test_idle_capture_cache_config() -> None:
+    cache = parse_page(capture(IDLE)).cache
+    assert cache == CacheConfig(
+        block_size=128,
+        num_gpu_blocks=8192,
+        dp_size=1,
+        gpu_memory_utilization=0.92,
+        cache_dtype="auto",
+        enable_prefix_caching=True,
+        kv_cache_size_tokens=1_048_576,
+        kv_cache_max_concurrency=2048.0,
+    )
+    assert cache.num_gpu_blocks_per_rank == 8192
+    assert cache.usable_blocks == 8191
+
+
+def test_idle_capture_gauges() -> None:
+    tiny = only_model(capture(IDLE))
+    assert (tiny.num_requests_running, tiny.num_requests_waiting) == (0, 0)
+    assert tiny.kv_cache_usage == 0.0
+    assert tiny.num_preemptions_total == 0
+    assert (tiny.used_blocks, tiny.free_blocks, tiny.max_rank_free_blocks) == (0, 8191, 8191)
+
+
+def test_saturated_capture() -> None:
+    tiny = only_model(capture(SATURATED))
+    # Captured after the 20-request run on the 6-block engine had drained.
+    assert tiny.num_requests_running == 0
+    assert tiny.num_requests_waiting == 0
+    assert tiny.kv_cache_usage == 0.0
+    assert tiny.num_preemptions_total == 17
+    assert tiny.cache is not None
+    assert (tiny.cache.block_size, tiny.cache.num_gpu_blocks) == (128, 6)
+    assert tiny.cache.kv_cache_size_tokens == 768
+    assert tiny.cache.kv_cache_max_concurrency == 1.5
+    # 6 blocks, one of them vLLM's null block: 5 usable.
+    assert (tiny.used_blocks, tiny.free_blocks) == (0, 5)
+
+
+def test_saturated_capture_mid_run_values() -> None:
+    # The gauges as the trace of that run saw them at their peak (trace-6blocks-20x200.csv).
+    page = capture(SATURATED)
+    page = set_value(page, "vllm:num_requests_running", "5.0")
+    page = set_value(page, "vllm:num_requests_waiting", "15.0")
+    page = set_value(page, "vllm:kv_cache_usage_perc", "1.0")
+    tiny = only_model(page)
+    assert (tiny.num_requests_running, tiny.num_requests_waiting) == (5, 15)
+    assert (tiny.used_blocks, tiny.free_blocks) == (5, 0)
+
+
+# --- names and shapes across vLLM versions ------------------------------------------------------
+
+
+def test_older_gpu_cache_usage_perc_name() -> None:
+    page = capture(SATURATED).replace("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
+    page = set_value(page, "vllm:gpu_cache_usage_perc", "0.6")
+    tiny = only_model(page)
+    assert tiny.kv_cache_usage == 0.6
+    assert tiny.used_blocks == 3  # 0.6 × (6 − 1)
+
+
+def test_current_name_wins_when_both_present() -> None:
+    page = capture(SATURATED)
+    page = page.replace(
+        'vllm:kv_cache_usage_perc{engine="0",model_name="tiny"} 0.0',
+        'vllm:kv_cache_usage_perc{engine="0",model_name="tiny"} 0.2\n'
+        'vllm:gpu_cache_usage_perc{engine="0",model_name="tiny"} 0.8',
+    )
+    assert only_model(page).kv_cache_usage == 0.2
+
+
+def test_page_without_engine_label() -> None:
+    page = (
+        'vllm:num_requests_running{model_name="m"} 2.0\n'
+        'vllm:num_requests_waiting{model_name="m"} 1.0\n'
+        'vllm:gpu_cache_usage_perc{model_name="m"} 0.5\n'
+        'vllm:num_preemptions_total{model_name="m"} 3.0\n'
+        'vllm:cache_config_info{block_size="16",num_gpu_blocks="101"} 1.0\n'
+    )
+    m = parse_metrics(page)["m"]
+    assert (m.num_requests_running, m.num_requests_waiting, m.num_preemptions_total) == (2, 1, 3)
+    assert m.used_blocks == 50
+    assert m.cache is not None and m.cache.dp_size == 1
+
+
+def test_unsized_cache_config_gives_no_cache() -> None:
+    page = set_label(capture(IDLE), "vllm:cache_config_info", "num_gpu_blocks", "None")
+    assert parse_page(page).cache is None
+    tiny = only_model(page)
+    assert (tiny.used_blocks, tiny.free_blocks, tiny.max_rank_free_blocks) == (None, None, None)
+
+
+def test_page_without_cache_config() -> None:
+    page = drop_series(capture(IDLE), "vllm:cache_config_info")
+    assert parse_page(page).cache is None
+    assert only_model(page).num_preemptions_total == 0
+
+
+def test_empty_page_has_no_models() -> None:
+    assert parse_metrics("") == {}
+    assert parse_page("").cache is None
+
+
+# --- data parallelism ---------------------------------------------------------------------------
+
+
+def dp_page() -> str:
+    """The saturated capture as a 2-rank data-parallel server: 6 blocks per rank, 12 in all."""
+    page = add_dp_rank(capture(SATURATED), "1")
+    page = set_label(page, "vllm:cache_config_info", "num_gpu_blocks", "12")
+    for engine, running, waiting, usage, preempted in (
+        ("0", "5.0", "3.0", "1.0", "17.0"),
+        ("1", "2.0", "0.0", "0.4", "1.0"),
+    ):
+        page = set_value(page, "vllm:num_requests_running", running, engine)
+        page = set_value(page, "vllm:num_requests_waiting", waiting, engine)
+        page = set_value(page, "vllm:kv_cache_usage_perc", usage, engine)
+        page = set_value(page, "vllm:num_preemptions_total", preempted, engine)
+    return page
+
+
+def test_dp_sums_counts_and_averages_usage() -> None:
+    tiny = only_model(dp_page())
+    assert [r.engine for r in tiny.ranks] == ["0", "1"]
+    assert tiny.num_requests_running == 7
+    assert tiny.num_requests_waiting == 3
+    assert tiny.num_preemptions_total == 18
+    assert tiny.kv_cache_usage == pytest.approx(0.7)
+
+
+def test_dp_cache_config_is_the_sum_over_ranks() -> None:
+    cache = parse_page(dp_page()).cache
+    assert cache is not None
+    assert (cache.num_gpu_blocks, cache.dp_size) == (12, 2)
+    assert cache.num_gpu_blocks_per_rank == 6
+    assert (cache.usable_blocks_per_rank, cache.usable_blocks) == (5, 10)
+
+
+def test_dp_blocks_per_rank() -> None:
+    tiny = only_model(dp_page())
+    # rank 0: 1.0 × 5 = 5 used, 0 free; rank 1: 0.4 × 5 = 2 used, 3 free.
+    assert tiny.used_blocks == 7
+    assert tiny.free_blocks == 3
+    assert tiny.max_rank_free_blocks == 3
+
+
+def test_several_models_on_one_page() -> None:
+    page = capture(IDLE)
+    other = "\n".join(
+        ln.replace('model_name="tiny"', 'model_name="other"')
+        for ln in page.splitlines()
+        if ln.startswith("vllm:num_") and 'model_name="tiny"' in ln
+    )
+    page = page + other.replace(
+        'vllm:num_requests_running{engine="0",model_name="other"} 0.0',
+        'vllm:num_requests_running{engine="0",model_name="other"} 4.0',
+    )
+    page += '\nvllm:kv_cache_usage_perc{engine="0",model_name="other"} 0.25\n'
+    models = parse_metrics(page)
+    assert sorted(models) == ["other", "tiny"]
+    assert models["other"].num_requests_running == 4
+    assert models["other"].kv_cache_usage == 0.25
+    assert models["tiny"].num_requests_running == 0
+    assert models["other"].cache == models["tiny"].cache
+
+
+# --- used blocks from usage ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("usage", "num_gpu_blocks", "used"),
+    [
+        (0.0, 6, 0),
+        (1.0, 6, 5),
+        (0.2, 6, 1),
+        (0.6, 6, 3),
+        (0.5, 8193, 4096),
+        (1.0, 1, 0),  # a pool of only the null block: vLLM reports 0
+        (1.0000001, 6, 5),
+    ],
+)
+def test_used_blocks_from_usage(usage: float, num_gpu_blocks: int, used: int) -> None:
+    assert used_blocks_from_usage(usage, num_gpu_blocks) == used
+
+
+@given(st.integers(min_value=2, max_value=2_000_000), st.data())
+def test_used_blocks_inverts_vllm_get_usage(num_gpu_blocks: int, data: st.DataObject) -> None:
+    used = data.draw(st.integers(min_value=0, max_value=num_gpu_blocks - 1))
+    free = (num_gpu_blocks - 1) - used
+    usage = 1.0 - (free / (num_gpu_blocks - 1))  # BlockPool.get_usage()
+    assert used_blocks_from_usage(usage, num_gpu_blocks) == used
+
+
+# --- garbage ------------------------------------------------------------------------------------
+
+GAUGES = (
+    'vllm:num_requests_running{{engine="0",model_name="m"}} {running}\n'
+    'vllm:num_requests_waiting{{engine="0",model_name="m"}} 0.0\n'
+    'vllm:kv_cache_usage_perc{{engine="0",model_name="m"}} {usage}\n'
+    'vllm:num_preemptions_total{{engine="0",model_name="m"}} 0.0\n'
+)
+
+
+@pytest.mark.parametrize(
+    "page",
+    [
+        "hello world",
+        "<html><body>502 Bad Gateway</body></html>",
+        '{"object": "list", "data": []}',
+        'vllm:num_requests_running{engine="0",model_name="m"} abc',
+        'vllm:num_requests_running{engine="0",model_name="m} 1.0',
+        "\x00\x01\x02",
+        GAUGES.format(running="1.0", usage="1.5"),
+        GAUGES.format(running="1.0", usage="NaN"),
+        GAUGES.format(running="-1.0", usage="0.1"),
+        GAUGES.format(running="+Inf", usage="0.1"),
+        'vllm:num_requests_running{engine="0",model_name="m"} 1.0\n',  # no usage, no waiting
+        GAUGES.format(running="1.0", usage="0.1")
+        + 'vllm:cache_config_info{block_size="abc",num_gpu_blocks="6"} 1.0\n',
+        GAUGES.format(running="1.0", usage="0.1")
+        + 'vllm:cache_config_info{block_size="128",num_gpu_blocks="0"} 1.0\n',
+        GAUGES.format(running="1.0", usage="0.1")
+        + 'vllm:cache_config_info{block_size="128",num_gpu_blocks="6",'
+        'enable_prefix_caching="maybe"} 1.0\n',
+    ],
+)
+def test_garbage_raises_metrics_parse_error(page: str) -> None:
+    with pytest.raises(MetricsParseError):
+        parse_page(page)
+
+
+def test_error_names_what_is_missing() -> None:
+    page = 'vllm:num_requests_running{engine="0",model_name="m"} 1.0\n'
+    with pytest.raises(MetricsParseError, match=r"model 'm' engine '0'.*kv_cache_usage_perc"):
+        parse_metrics(page)
+
+
+@given(st.text())
+def test_any_text_parses_or_raises_metrics_parse_error(text: str) -> None:
+    with contextlib.suppress(MetricsParseError):
+        parse_page(text)
+
+
+@given(st.lists(st.sampled_from(capture(SATURATED).splitlines(keepends=True))))
+def test_shuffled_capture_lines_parse_or_raise_metrics_parse_error(lines: list[str]) -> None:
+    with contextlib.suppress(MetricsParseError):
+        parse_page("".join(lines))
