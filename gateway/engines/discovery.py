@@ -208,6 +208,8 @@ def resolve_engine_limits(
         if value is not None and not _is_positive_int(value):
             raise DiscoveryError(url, f"configured {key}={value!r} is not a positive integer")
 
+    # Computed even when max_num_seqs is configured, so a mistyped platform fails at start-up.
+    default_seqs, why = default_max_num_seqs(platform, configured.get("max_num_batched_tokens"))
     values: dict[str, int] = {}
     sources: dict[str, str] = {}
     for key in LIMIT_KEYS:
@@ -219,8 +221,7 @@ def resolve_engine_limits(
             assert discovered is not None
             values[key], sources[key] = found, discovered.sources[key]
         elif key == "max_num_seqs":
-            seqs, why = default_max_num_seqs(platform, configured.get("max_num_batched_tokens"))
-            values[key], sources[key] = seqs, f"default:{why}"
+            values[key], sources[key] = default_seqs, f"default:{why}"
         elif key == "dp_size":
             values[key], sources[key] = 1, "default:no data-parallel ranks reported"
         else:
