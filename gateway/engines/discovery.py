@@ -84,8 +84,7 @@ async def discover(client: httpx.AsyncClient, base_url: str) -> DiscoveredEngine
     if lens:
         sources["max_model_len"] = SOURCE_MODELS
     if cache is not None:
-        sources.update(num_gpu_blocks=SOURCE_METRICS, block_size=SOURCE_METRICS)
-        sources.update(dp_size=SOURCE_METRICS)
+        sources.update(dict.fromkeys(("num_gpu_blocks", "block_size", "dp_size"), SOURCE_METRICS))
     return DiscoveredEngine(
         base_url=base,
         models=models,
@@ -209,7 +208,10 @@ def resolve_engine_limits(
             raise DiscoveryError(url, f"configured {key}={value!r} is not a positive integer")
 
     # Computed even when max_num_seqs is configured, so a mistyped platform fails at start-up.
-    default_seqs, why = default_max_num_seqs(platform, configured.get("max_num_batched_tokens"))
+    try:
+        default_seqs, why = default_max_num_seqs(platform, configured.get("max_num_batched_tokens"))
+    except DiscoveryError as exc:
+        raise DiscoveryError(url, exc.reason) from None
     values: dict[str, int] = {}
     sources: dict[str, str] = {}
     for key in LIMIT_KEYS:
