@@ -1,0 +1,128 @@
+"""``kv-gateway sim``: one simulated vLLM engine on uvicorn (also ``python -m gateway.sim``)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import uvicorn
+
+from gateway.sim.engine import EngineError
+from gateway.sim.server import SimConfig, create_app
+
+_DEFAULTS = SimConfig()
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    d = _DEFAULTS
+    add = parser.add_argument
+    add("--served-model-name", default=d.served_model_name, help="model id (default %(default)s)")
+    add(
+        "--num-gpu-blocks",
+        type=int,
+        default=d.num_gpu_blocks,
+        help="KV cache blocks, vLLM's null block included (default %(default)s)",
+    )
+    add(
+        "--block-size",
+        type=int,
+        default=d.block_size,
+        help="tokens per block (default %(default)s)",
+    )
+    add(
+        "--max-num-seqs",
+        type=int,
+        default=d.max_num_seqs,
+        help="max running sequences (default %(default)s)",
+    )
+    add(
+        "--max-num-batched-tokens",
+        type=int,
+        default=d.max_num_batched_tokens,
+        help="token budget of one step (default %(default)s)",
+    )
+    add(
+        "--max-model-len",
+        type=int,
+        default=d.max_model_len,
+        help="prompt + output limit (default %(default)s)",
+    )
+    add(
+        "--no-chunked-prefill",
+        dest="chunked_prefill",
+        action="store_false",
+        help="schedule a prompt only when it fits whole in a step's budget",
+    )
+    add(
+        "--prefill-ms-per-token",
+        type=float,
+        default=d.prefill_ms_per_token,
+        help="step cost per prefilled token, ms (default %(default)s)",
+    )
+    add(
+        "--decode-ms-base",
+        type=float,
+        default=d.decode_ms_base,
+        help="fixed cost of a step, ms (default %(default)s)",
+    )
+    add(
+        "--decode-ms-per-seq",
+        type=float,
+        default=d.decode_ms_per_seq,
+        help="step cost per scheduled sequence, ms (default %(default)s)",
+    )
+    add("--seed", type=int, default=d.seed, help="seed of the generated text (default %(default)s)")
+    add(
+        "--tokenizer",
+        type=Path,
+        default=d.tokenizer,
+        help="tokenizer directory (default: the bundled tiny tokenizer)",
+    )
+    add("--host", default=d.host, help="bind address (default %(default)s)")
+    add("--port", type=int, default=d.port, help="port (default %(default)s)")
+    add("--log-level", default="info", help="uvicorn log level (default %(default)s)")
+
+
+def config_from_args(args: argparse.Namespace) -> SimConfig:
+    return SimConfig(
+        served_model_name=args.served_model_name,
+        num_gpu_blocks=args.num_gpu_blocks,
+        block_size=args.block_size,
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        max_model_len=args.max_model_len,
+        prefill_ms_per_token=args.prefill_ms_per_token,
+        decode_ms_base=args.decode_ms_base,
+        decode_ms_per_seq=args.decode_ms_per_seq,
+        seed=args.seed,
+        tokenizer=args.tokenizer,
+        chunked_prefill=args.chunked_prefill,
+        host=args.host,
+        port=args.port,
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    """Serve until SIGINT/SIGTERM (uvicorn drains and runs the lifespan shutdown)."""
+    cfg = config_from_args(args)
+    try:
+        app = create_app(cfg)
+    except EngineError as exc:
+        print(f"kv-gateway sim: {exc}", file=sys.stderr)
+        return 2
+    print(
+        f"simulated vLLM engine {cfg.served_model_name!r}: {cfg.num_gpu_blocks} blocks of "
+        f"{cfg.block_size} tokens, max_num_seqs {cfg.max_num_seqs}, max_model_len "
+        f"{cfg.max_model_len} on http://{cfg.host}:{cfg.port}",
+        file=sys.stderr,
+        flush=True,
+    )
+    uvicorn.run(app, host=cfg.host, port=cfg.port, log_level=args.log_level, access_log=False)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m gateway.sim", description=__doc__)
+    add_arguments(parser)
+    return run(parser.parse_args(argv))

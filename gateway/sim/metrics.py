@@ -1,0 +1,158 @@
+"""vLLM's ``/metrics`` for a simulated engine, with ``prometheus_client`` on its own registry.
+
+Names, types and labels follow a real vLLM 0.32 page (``tests/fixtures/vllm/metrics-cpu-0.32.txt``):
+per-engine series carry ``engine`` and ``model_name``; ``vllm:cache_config_info`` carries the
+cache settings as labels and ``engine`` only. Gauges and counters are read from the engine's
+snapshot at scrape time, so they can never drift from the scheduler's state; the time to first
+token is a real histogram observed by the step loop.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator
+
+from prometheus_client import CollectorRegistry, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from gateway.sim.engine import EngineLimits, EngineSnapshot
+
+# vLLM's buckets for vllm:time_to_first_token_seconds.
+TTFT_BUCKETS = (
+    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75,
+    1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0,
+)  # fmt: skip
+
+# Every finished_reason label vLLM 0.32 exports, zeros included.
+FINISHED_REASONS = ("stop", "length", "abort", "error", "repetition")
+
+ENGINE_INDEX = "0"
+
+
+class EngineMetrics:
+    """The registry of one simulated engine; ``render()`` is the /metrics body."""
+
+    def __init__(
+        self,
+        *,
+        model_name: str,
+        limits: EngineLimits,
+        snapshot: Callable[[], EngineSnapshot],
+        started_at: float,
+        gpu_memory_utilization: float = 0.92,
+    ) -> None:
+        self.registry = CollectorRegistry()
+        self._labels = {"engine": ENGINE_INDEX, "model_name": model_name}
+        self.registry.register(
+            _EngineCollector(
+                self._labels,
+                _cache_config_labels(limits, gpu_memory_utilization),
+                snapshot,
+                started_at,
+            )
+        )
+        self._ttft = Histogram(
+            "vllm:time_to_first_token_seconds",
+            "Histogram of time to first token in seconds.",
+            labelnames=("engine", "model_name"),
+            buckets=TTFT_BUCKETS,
+            registry=self.registry,
+        ).labels(**self._labels)
+
+    def observe_time_to_first_token(self, seconds: float) -> None:
+        self._ttft.observe(seconds)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+def _cache_config_labels(limits: EngineLimits, gpu_memory_utilization: float) -> dict[str, str]:
+    tokens = limits.num_gpu_blocks * limits.block_size
+    per_request = math.ceil(limits.max_model_len / limits.block_size)
+    return {
+        "block_size": str(limits.block_size),
+        "cache_dtype": "auto",
+        "enable_prefix_caching": "False",
+        "engine": ENGINE_INDEX,
+        "gpu_memory_utilization": str(gpu_memory_utilization),
+        "kv_cache_max_concurrency": str(limits.num_gpu_blocks / per_request),
+        "kv_cache_size_tokens": str(tokens),
+        "num_cpu_blocks": "None",
+        "num_gpu_blocks": str(limits.num_gpu_blocks),
+        "num_gpu_blocks_override": str(limits.num_gpu_blocks),
+        "sliding_window": "None",
+    }
+
+
+class _EngineCollector(Collector):
+    def __init__(
+        self,
+        labels: dict[str, str],
+        cache_config: dict[str, str],
+        snapshot: Callable[[], EngineSnapshot],
+        created: float,
+    ) -> None:
+        self._names = list(labels)
+        self._values = list(labels.values())
+        self._cache_config = cache_config
+        self._snapshot = snapshot
+        self._created = created
+
+    def collect(self) -> Iterator[Metric]:
+        snap = self._snapshot()
+        yield self._gauge(
+            "vllm:num_requests_running",
+            "Number of requests in model execution batches.",
+            snap.running,
+        )
+        yield self._gauge(
+            "vllm:num_requests_waiting",
+            "Number of requests waiting to be processed.",
+            snap.waiting,
+        )
+        yield self._gauge(
+            "vllm:kv_cache_usage_perc",
+            "KV-cache usage. 1 means 100 percent usage.",
+            snap.kv_cache_usage,
+        )
+        yield self._counter(
+            "vllm:num_preemptions",
+            "Cumulative number of preemption from the engine.",
+            snap.num_preemptions,
+        )
+        yield self._counter(
+            "vllm:prompt_tokens", "Number of prefill tokens processed.", snap.prompt_tokens
+        )
+        yield self._counter(
+            "vllm:generation_tokens",
+            "Number of generation tokens processed.",
+            snap.generation_tokens,
+        )
+        success = CounterMetricFamily(
+            "vllm:request_success",
+            "Count of successfully processed requests.",
+            labels=[*self._names, "finished_reason"],
+        )
+        for reason in FINISHED_REASONS:
+            success.add_metric(
+                [*self._values, reason], snap.finished.get(reason, 0), created=self._created
+            )
+        yield success
+        info = GaugeMetricFamily(
+            "vllm:cache_config_info",
+            "Information of the LLMEngine CacheConfig",
+            labels=list(self._cache_config),
+        )
+        info.add_metric(list(self._cache_config.values()), 1.0)
+        yield info
+
+    def _gauge(self, name: str, documentation: str, value: float) -> GaugeMetricFamily:
+        family = GaugeMetricFamily(name, documentation, labels=self._names)
+        family.add_metric(self._values, value)
+        return family
+
+    def _counter(self, name: str, documentation: str, value: float) -> CounterMetricFamily:
+        family = CounterMetricFamily(name, documentation, labels=self._names)
+        family.add_metric(self._values, value, created=self._created)
+        return family

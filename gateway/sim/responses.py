@@ -1,0 +1,138 @@
+"""JSON bodies of vLLM's OpenAI answers: completions, chat, their stream chunks, usage, models."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Literal
+
+Kind = Literal["chat", "completion"]
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
+    return {
+        "prompt_tokens": prompt_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+        "completion_tokens": completion_tokens,
+        "prompt_tokens_details": None,
+    }
+
+
+def _envelope(
+    kind: Kind, request_id: str, created: int, model: str, stream: bool
+) -> dict[str, Any]:
+    if kind == "chat":
+        obj = "chat.completion.chunk" if stream else "chat.completion"
+    else:
+        obj = "text_completion"
+    return {"id": request_id, "object": obj, "created": created, "model": model}
+
+
+def final_response(
+    kind: Kind,
+    request_id: str,
+    created: int,
+    model: str,
+    choices: Sequence[tuple[int, str, str]],  # (index, text, finish_reason)
+    prompt_tokens: int,
+    completion_tokens: int,
+) -> dict[str, Any]:
+    body = _envelope(kind, request_id, created, model, stream=False)
+    if kind == "chat":
+        body["choices"] = [
+            {
+                "index": index,
+                "message": {
+                    "role": "assistant",
+                    "content": text,
+                    "refusal": None,
+                    "tool_calls": [],
+                    "reasoning_content": None,
+                },
+                "logprobs": None,
+                "finish_reason": reason,
+                "stop_reason": None,
+            }
+            for index, text, reason in choices
+        ]
+    else:
+        body["choices"] = [
+            {
+                "index": index,
+                "text": text,
+                "logprobs": None,
+                "finish_reason": reason,
+                "stop_reason": None,
+                "prompt_logprobs": None,
+            }
+            for index, text, reason in choices
+        ]
+    body["usage"] = usage(prompt_tokens, completion_tokens)
+    return body
+
+
+def chunk(
+    kind: Kind,
+    request_id: str,
+    created: int,
+    model: str,
+    index: int,
+    text: str,
+    finish_reason: str | None,
+    *,
+    role: bool = False,
+) -> dict[str, Any]:
+    """One stream event of one choice; ``role`` marks chat's opening assistant-role delta."""
+    body = _envelope(kind, request_id, created, model, stream=True)
+    choice: dict[str, Any]
+    if kind == "chat":
+        delta: dict[str, Any] = {"role": "assistant", "content": ""} if role else {"content": text}
+        choice = {"index": index, "delta": delta, "logprobs": None}
+    else:
+        choice = {"index": index, "text": text, "logprobs": None}
+    choice["finish_reason"] = finish_reason
+    choice["stop_reason"] = None
+    body["choices"] = [choice]
+    return body
+
+
+def usage_chunk(
+    kind: Kind, request_id: str, created: int, model: str, prompt: int, completion: int
+) -> dict[str, Any]:
+    """The last event with ``stream_options.include_usage``: no choices, only usage."""
+    body = _envelope(kind, request_id, created, model, stream=True)
+    body["choices"] = []
+    body["usage"] = usage(prompt, completion)
+    return body
+
+
+def models(model: str, created: int, max_model_len: int) -> dict[str, Any]:
+    return {
+        "object": "list",
+        "data": [
+            {
+                "id": model,
+                "object": "model",
+                "created": created,
+                "owned_by": "vllm",
+                "root": model,
+                "parent": None,
+                "max_model_len": max_model_len,
+                "permission": [
+                    {
+                        "id": f"modelperm-{model}",
+                        "object": "model_permission",
+                        "created": created,
+                        "allow_create_engine": False,
+                        "allow_sampling": True,
+                        "allow_logprobs": True,
+                        "allow_search_indices": False,
+                        "allow_view": True,
+                        "allow_fine_tuning": False,
+                        "organization": "*",
+                        "group": None,
+                        "is_blocking": False,
+                    }
+                ],
+            }
+        ],
+    }

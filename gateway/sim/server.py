@@ -1,0 +1,424 @@
+"""A simulated vLLM engine behind vLLM's OpenAI HTTP surface.
+
+``create_app(SimConfig(...))`` returns a Starlette app whose lifespan runs the engine's step
+loop. Generation endpoints are raw ASGI so that a client disconnect, streaming or not, is seen
+at once and aborts the request in the engine (its blocks are freed), as vLLM does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from prometheus_client import CONTENT_TYPE_LATEST
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
+
+from gateway.sim import responses
+from gateway.sim.engine import Engine, EngineLimits, RequestSpec, StepTiming
+from gateway.sim.generation import OutputPlan, OutputPlanner
+from gateway.sim.loop import Ended, EngineLoop, Event, Generated
+from gateway.sim.metrics import EngineMetrics
+from gateway.sim.protocol import (
+    ApiError,
+    GenerationRequest,
+    output_budget,
+    parse_generation,
+    parse_json,
+    parse_tokenize,
+)
+from gateway.tokens.hf import BUNDLED_TOKENIZER_DIR, HfTokenizer
+
+SIM_VLLM_VERSION = "0.32.0+kvgateway.sim"
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    """The flags of ``kv-gateway sim`` (vLLM's names). Times are milliseconds."""
+
+    served_model_name: str = "tiny"
+    num_gpu_blocks: int = 1024
+    block_size: int = 16
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 2048
+    max_model_len: int = 2048
+    prefill_ms_per_token: float = 0.02
+    decode_ms_base: float = 2.0
+    decode_ms_per_seq: float = 0.2
+    seed: int = 0
+    tokenizer: Path = field(default=BUNDLED_TOKENIZER_DIR)
+    chunked_prefill: bool = True
+    gpu_memory_utilization: float = 0.92  # only reported in vllm:cache_config_info
+    host: str = "127.0.0.1"
+    port: int = 8001
+
+    def limits(self) -> EngineLimits:
+        """Validated engine limits; raises ``EngineError`` (a ValueError) like vLLM at start."""
+        return EngineLimits(
+            num_gpu_blocks=self.num_gpu_blocks,
+            block_size=self.block_size,
+            max_num_seqs=self.max_num_seqs,
+            max_num_batched_tokens=self.max_num_batched_tokens,
+            max_model_len=self.max_model_len,
+            chunked_prefill=self.chunked_prefill,
+        )
+
+    def timing(self) -> StepTiming:
+        return StepTiming(self.prefill_ms_per_token, self.decode_ms_base, self.decode_ms_per_seq)
+
+
+class SimState:
+    """Everything one simulated engine owns; created by ``create_app``."""
+
+    def __init__(self, cfg: SimConfig) -> None:
+        self.cfg = cfg
+        self.created = int(time.time())
+        self.tokenizer = HfTokenizer.load(cfg.tokenizer)
+        self.planner = OutputPlanner(self.tokenizer, cfg.seed)
+        self.engine = Engine(cfg.limits(), cfg.timing())
+        self.metrics = EngineMetrics(
+            model_name=cfg.served_model_name,
+            limits=self.engine.limits,
+            snapshot=self.engine.snapshot,
+            started_at=time.time(),
+            gpu_memory_utilization=cfg.gpu_memory_utilization,
+        )
+        self.loop = EngineLoop(self.engine, self.metrics)
+        self.task: asyncio.Task[None] | None = None
+
+    def alive(self) -> bool:
+        return self.task is not None and not self.task.done()
+
+
+def create_app(cfg: SimConfig) -> Starlette:
+    state = SimState(cfg)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        state.task = asyncio.create_task(state.loop.run(), name="sim-engine-loop")
+        try:
+            yield
+        finally:
+            state.task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await state.task
+
+    routes = [
+        Route("/v1/chat/completions", _GenerationEndpoint(state, "chat"), methods=["POST"]),
+        Route("/v1/completions", _GenerationEndpoint(state, "completion"), methods=["POST"]),
+        Route("/v1/models", _with_state(state, _models), methods=["GET"]),
+        Route("/health", _with_state(state, _health), methods=["GET"]),
+        Route("/tokenize", _with_state(state, _tokenize), methods=["POST"]),
+        Route("/version", _with_state(state, _version), methods=["GET"]),
+        Route("/metrics", _with_state(state, _metrics), methods=["GET"]),
+        Route("/sim/state", _with_state(state, _sim_state), methods=["GET"]),
+    ]
+    app = Starlette(routes=routes, lifespan=lifespan)
+    app.state.sim = state
+    return app
+
+
+Handler = Callable[[SimState, Request], Awaitable[Response]]
+
+
+def _with_state(state: SimState, handler: Handler) -> Callable[[Request], Awaitable[Response]]:
+    async def endpoint(request: Request) -> Response:
+        return await handler(state, request)
+
+    return endpoint
+
+
+# -- simple endpoints -------------------------------------------------------------------------
+
+
+async def _models(state: SimState, request: Request) -> Response:
+    cfg = state.cfg
+    return JSONResponse(responses.models(cfg.served_model_name, state.created, cfg.max_model_len))
+
+
+async def _health(state: SimState, request: Request) -> Response:
+    return Response(status_code=200 if state.alive() else 503)
+
+
+async def _version(state: SimState, request: Request) -> Response:
+    return JSONResponse({"version": SIM_VLLM_VERSION})
+
+
+async def _metrics(state: SimState, request: Request) -> Response:
+    return Response(state.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+
+async def _tokenize(state: SimState, request: Request) -> Response:
+    try:
+        body = parse_json(await request.body())
+        tokens = parse_tokenize(
+            body, served_model_name=state.cfg.served_model_name, tokenizer=state.tokenizer
+        )
+    except ApiError as err:
+        return JSONResponse(err.body(), status_code=err.status)
+    return JSONResponse(
+        {
+            "count": len(tokens),
+            "max_model_len": state.cfg.max_model_len,
+            "tokens": tokens,
+            "token_strs": None,
+        }
+    )
+
+
+async def _sim_state(state: SimState, request: Request) -> Response:
+    """Debug view of the scheduler (not a vLLM endpoint)."""
+    engine = state.engine
+    snap = engine.snapshot()
+    return JSONResponse(
+        {
+            "num_gpu_blocks": engine.limits.num_gpu_blocks,
+            "usable_blocks": engine.limits.usable_blocks,
+            "block_size": engine.limits.block_size,
+            "used_blocks": snap.used_blocks,
+            "kv_cache_usage": snap.kv_cache_usage,
+            "running": snap.running,
+            "waiting": snap.waiting,
+            "num_preemptions": snap.num_preemptions,
+            "requests": [vars(v) for v in engine.requests()],
+        }
+    )
+
+
+# -- generation -------------------------------------------------------------------------------
+
+
+@dataclass
+class _Choice:
+    index: int
+    engine_id: str
+    plan: OutputPlan
+    generated: int = 0
+    ended: bool = False
+
+
+class _GenerationEndpoint:
+    """POST /v1/chat/completions or /v1/completions as a raw ASGI app."""
+
+    def __init__(self, state: SimState, kind: Literal["chat", "completion"]) -> None:
+        self._state = state
+        self._kind = kind
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        raw = await _read_body(receive)
+        if raw is None:
+            return  # the client left before we had the request
+        try:
+            request, request_id, choices = self._decide(raw)
+        except ApiError as err:
+            await _send_json(send, err.status, err.body())
+            return
+        job = _Job(self._state, request, request_id, choices, send)
+        loop = self._state.loop
+        sink: asyncio.Queue[Event] = asyncio.Queue()
+        try:
+            for choice in choices:
+                spec = RequestSpec(
+                    choice.engine_id,
+                    len(request.prompts[choice.index // request.n]),
+                    len(choice.plan),
+                    choice.plan.finish_reason,
+                )
+                loop.submit(spec, sink)
+            await _until_disconnect(job.run(sink), receive)
+        finally:
+            # Every path out (done, disconnect, cancellation, send failure) frees the blocks.
+            for choice in choices:
+                if not choice.ended:
+                    loop.abort(choice.engine_id)
+
+    def _decide(self, raw: bytes) -> tuple[GenerationRequest, str, list[_Choice]]:
+        state = self._state
+        request = parse_generation(
+            self._kind,
+            parse_json(raw),
+            served_model_name=state.cfg.served_model_name,
+            tokenizer=state.tokenizer,
+        )
+        prefix = "chatcmpl" if self._kind == "chat" else "cmpl"
+        request_id = f"{prefix}-{uuid.uuid4().hex}"
+        choices: list[_Choice] = []
+        for p, prompt in enumerate(request.prompts):
+            budget = output_budget(request, len(prompt), state.cfg.max_model_len)
+            for j in range(request.n):  # vLLM v1 fans n out into n sequences
+                plan = state.planner.plan(
+                    prompt, budget, ignore_eos=request.ignore_eos, seed=request.seed, index=j
+                )
+                index = p * request.n + j
+                choices.append(_Choice(index, f"{request_id}-{index}", plan))
+        return request, request_id, choices
+
+
+class _Job:
+    """Turns engine events into one HTTP answer (JSON, or SSE chunks as tokens arrive)."""
+
+    def __init__(
+        self,
+        state: SimState,
+        request: GenerationRequest,
+        request_id: str,
+        choices: list[_Choice],
+        send: Send,
+    ) -> None:
+        self._planner = state.planner
+        self._request = request
+        self._choices = {c.engine_id: c for c in choices}
+        # vLLM counts each prompt once, however many choices (n) it has.
+        self._prompt_tokens = sum(len(p) for p in request.prompts)
+        self._send = send
+        self._id = request_id
+        self._created = int(time.time())
+
+    async def run(self, sink: asyncio.Queue[Event]) -> None:
+        if self._request.stream:
+            await self._stream(sink)
+        else:
+            await self._collect(sink)
+
+    async def _events(self, sink: asyncio.Queue[Event]) -> AsyncIterator[tuple[_Choice, Event]]:
+        while not all(c.ended for c in self._choices.values()):
+            event = await sink.get()
+            choice = self._choices[event.request_id]
+            if isinstance(event, Generated):
+                choice.generated = event.index + 1
+            elif isinstance(event, Ended):
+                choice.ended = True
+            yield choice, event
+
+    async def _collect(self, sink: asyncio.Queue[Event]) -> None:
+        async for _ in self._events(sink):
+            pass
+        request = self._request
+        done = [
+            (c.index, self._planner.text(c.plan.token_ids), c.plan.finish_reason)
+            for c in sorted(self._choices.values(), key=lambda c: c.index)
+        ]
+        body = responses.final_response(
+            request.kind,
+            self._id,
+            self._created,
+            request.model,
+            done,
+            self._prompt_tokens,
+            self._completion_tokens(),
+        )
+        await _send_json(self._send, 200, body)
+
+    async def _stream(self, sink: asyncio.Queue[Event]) -> None:
+        request = self._request
+        await self._send(
+            {
+                "type": "http.response.start",
+                "status": 200,
+                "headers": [
+                    (b"content-type", b"text/event-stream; charset=utf-8"),
+                    (b"cache-control", b"no-cache"),
+                ],
+            }
+        )
+        if request.kind == "chat":
+            for c in sorted(self._choices.values(), key=lambda c: c.index):
+                await self._sse(self._chunk(c.index, "", None, role=True))
+        async for choice, event in self._events(sink):
+            if not isinstance(event, Generated):
+                continue
+            last = event.index == len(choice.plan) - 1
+            text = self._planner.piece(choice.plan.token_ids[event.index])
+            await self._sse(
+                self._chunk(choice.index, text, choice.plan.finish_reason if last else None)
+            )
+        if request.include_usage:
+            await self._sse(
+                responses.usage_chunk(
+                    request.kind,
+                    self._id,
+                    self._created,
+                    request.model,
+                    self._prompt_tokens,
+                    self._completion_tokens(),
+                )
+            )
+        await self._send({"type": "http.response.body", "body": b"data: [DONE]\n\n"})
+
+    def _chunk(
+        self, index: int, text: str, finish_reason: str | None, *, role: bool = False
+    ) -> dict[str, Any]:
+        request = self._request
+        return responses.chunk(
+            request.kind,
+            self._id,
+            self._created,
+            request.model,
+            index,
+            text,
+            finish_reason,
+            role=role,
+        )
+
+    async def _sse(self, body: dict[str, Any]) -> None:
+        data = b"data: " + json.dumps(body, separators=(",", ":")).encode() + b"\n\n"
+        await self._send({"type": "http.response.body", "body": data, "more_body": True})
+
+    def _completion_tokens(self) -> int:
+        return sum(c.generated for c in self._choices.values())
+
+
+async def _read_body(receive: Receive) -> bytes | None:
+    chunks: list[bytes] = []
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return None
+        chunks.append(message.get("body", b""))
+        if not message.get("more_body", False):
+            return b"".join(chunks)
+
+
+async def _wait_disconnect(receive: Receive) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
+async def _until_disconnect(work: Awaitable[None], receive: Receive) -> None:
+    """Run ``work`` until it ends or the client disconnects, whichever comes first."""
+    work_task = asyncio.ensure_future(work)
+    watch_task = asyncio.ensure_future(_wait_disconnect(receive))
+    try:
+        await asyncio.wait({work_task, watch_task}, return_when=asyncio.FIRST_COMPLETED)
+        if work_task.done():
+            with contextlib.suppress(OSError):  # the client went away while we were sending
+                work_task.result()
+    finally:
+        for task in (work_task, watch_task):
+            task.cancel()
+        await asyncio.gather(work_task, watch_task, return_exceptions=True)
+
+
+async def _send_json(send: Send, status: int, body: dict[str, Any]) -> None:
+    data = json.dumps(body).encode()
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(data)).encode()),
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": data})
