@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from gateway.core.routing import DEFAULT_SCORERS, SCORERS
 
-TOKENIZER_KINDS = ("tiktoken:", "hf:", "engine", "estimate")
+TOKENIZER_KINDS = ("tiktoken:", "hf:", "engine", "estimate", "estimate:")
 
 PositiveInt = Annotated[int, Field(gt=0)]
 

@@ -17,7 +17,7 @@ from gateway.scheduler import Scheduler
 from gateway.service import Service
 from gateway.state.base import StateStore
 from gateway.state.memory import InMemoryStore
-from gateway.tokens.factory import make_counter
+from gateway.tokens import make_counter
 from gateway.tokens.protocol import TokenCounter
 
 log = logging.getLogger(__name__)

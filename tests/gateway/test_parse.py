@@ -1,0 +1,91 @@
+import json
+
+import pytest
+
+from gateway.errors import BadRequest
+from gateway.http.parse import parse_body
+
+
+def body(**kw):
+    return json.dumps(kw).encode()
+
+
+def test_chat_fields():
+    inbound = parse_body(
+        body(
+            model="m", messages=[{"role": "user", "content": "hi"}], max_tokens=5, n=2, stream=True
+        ),
+        "chat",
+    )
+    assert (inbound.model, inbound.max_output_tokens, inbound.n, inbound.stream) == (
+        "m",
+        5,
+        2,
+        True,
+    )
+
+
+def test_max_completion_tokens_wins_over_max_tokens():
+    inbound = parse_body(
+        body(
+            model="m",
+            messages=[{"role": "user", "content": "x"}],
+            max_tokens=5,
+            max_completion_tokens=9,
+        ),
+        "chat",
+    )
+    assert inbound.max_output_tokens == 9
+
+
+@pytest.mark.parametrize(
+    "prompt", ["text", ["a", "b"], [1, 2, 3], [[1, 2], [3]]], ids=["str", "strs", "ids", "id-lists"]
+)
+def test_prompt_forms(prompt):
+    assert parse_body(body(model="m", prompt=prompt), "completion").prompt == prompt
+
+
+@pytest.mark.parametrize(
+    ("raw", "kind", "match"),
+    [
+        (b"{not json", "chat", "not valid JSON"),
+        (b"[1, 2]", "chat", "JSON object"),
+        (body(messages=[{"role": "user", "content": "x"}]), "chat", "model"),
+        (body(model=3, messages=[]), "chat", "model"),
+        (body(model="m", messages=[]), "chat", "non-empty"),
+        (body(model="m", messages="hi"), "chat", "non-empty"),
+        (body(model="m", messages=[{"content": "x"}]), "chat", "role"),
+        (body(model="m", messages=[{"role": "user", "content": 5}]), "chat", "content"),
+        (
+            body(model="m", messages=[{"role": "u", "content": "x"}], max_tokens=-1),
+            "chat",
+            "at least 1",
+        ),
+        (
+            body(model="m", messages=[{"role": "u", "content": "x"}], max_tokens="9"),
+            "chat",
+            "integer",
+        ),
+        (
+            body(model="m", messages=[{"role": "u", "content": "x"}], max_tokens=True),
+            "chat",
+            "integer",
+        ),
+        (body(model="m", messages=[{"role": "u", "content": "x"}], n=0), "chat", "at least 1"),
+        (body(model="m", messages=[{"role": "u", "content": "x"}], n=1000), "chat", "at most"),
+        (
+            body(model="m", messages=[{"role": "u", "content": "x"}], stream="yes"),
+            "chat",
+            "boolean",
+        ),
+        (body(model="m"), "completion", "prompt"),
+        (body(model="m", prompt=[]), "completion", "prompt"),
+        (body(model="m", prompt=[1, "a"]), "completion", "prompt"),
+        (body(model="m", prompt=5), "completion", "prompt"),
+    ],
+)
+def test_bad_bodies_are_400_with_reason(raw, kind, match):
+    with pytest.raises(BadRequest, match=match) as err:
+        parse_body(raw, kind)
+    assert err.value.status == 400
+    assert err.value.body()["error"]["type"] == "invalid_request_error"
