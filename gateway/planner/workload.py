@@ -1,0 +1,107 @@
+"""The workload a plan is sized for: prompt and output lengths, as means and 95th percentiles.
+
+Given as numbers, or read from a JSONL trace with `prompt_tokens` and `output_tokens` on each
+line. A request's length is prompt + output: the tokens its KV holds when it finishes (and,
+with the gateway's worst-case reservation, what it reserves when `max_tokens` is its output).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+
+class WorkloadError(ValueError):
+    """The workload is unusable; the message says where."""
+
+
+@dataclass(frozen=True, slots=True)
+class Workload:
+    """Token lengths of the expected requests. MUST hold: every figure ≥ 0, p95 ≥ mean is not
+    required (a skewed trace may have either), `total_p95 ≥ 1`."""
+
+    prompt_mean: float
+    prompt_p95: int
+    output_mean: float
+    output_p95: int
+    total_p95: int
+    requests: int | None = None
+    source: str = "flags"
+
+    @property
+    def mean_len(self) -> int:
+        """Mean request length in tokens (prompt + output), rounded up."""
+        return max(1, math.ceil(self.prompt_mean + self.output_mean))
+
+
+def from_figures(
+    prompt_mean: float,
+    output_mean: float,
+    prompt_p95: int | None = None,
+    output_p95: int | None = None,
+) -> Workload:
+    """A workload from flags; a missing p95 defaults to its mean (rounded up)."""
+    if prompt_mean < 0 or output_mean < 0:
+        raise WorkloadError("mean prompt and output tokens must not be negative")
+    p_p95 = math.ceil(prompt_mean) if prompt_p95 is None else prompt_p95
+    o_p95 = math.ceil(output_mean) if output_p95 is None else output_p95
+    if p_p95 < 0 or o_p95 < 0:
+        raise WorkloadError("p95 prompt and output tokens must not be negative")
+    if prompt_mean + output_mean <= 0:
+        raise WorkloadError("a request must have at least one token")
+    # Summing the two p95s over-states the p95 of the sum: the safe side for sizing.
+    return Workload(prompt_mean, p_p95, output_mean, o_p95, max(1, p_p95 + o_p95))
+
+
+def from_trace(lines: Iterable[str], *, source: str = "trace") -> Workload:
+    """A workload from JSONL lines `{"prompt_tokens": P, "output_tokens": O, ...}`.
+
+    Blank lines are skipped; any other malformed line raises WorkloadError with its number.
+    """
+    prompts: list[int] = []
+    outputs: list[int] = []
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            raise WorkloadError(f"{source}:{number}: not JSON") from None
+        if not isinstance(record, dict):
+            raise WorkloadError(f"{source}:{number}: expected a JSON object")
+        prompt, output = record.get("prompt_tokens"), record.get("output_tokens")
+        if not _count(prompt) or not _count(output):
+            raise WorkloadError(
+                f"{source}:{number}: prompt_tokens and output_tokens must be whole numbers ≥ 0"
+            )
+        prompts.append(prompt)  # type: ignore[arg-type]
+        outputs.append(output)  # type: ignore[arg-type]
+    if not prompts:
+        raise WorkloadError(f"{source}: no requests in the trace")
+    totals = [p + o for p, o in zip(prompts, outputs, strict=True)]
+    if max(totals) < 1:
+        raise WorkloadError(f"{source}: every request has zero tokens")
+    return Workload(
+        prompt_mean=sum(prompts) / len(prompts),
+        prompt_p95=percentile(prompts, 95),
+        output_mean=sum(outputs) / len(outputs),
+        output_p95=percentile(outputs, 95),
+        total_p95=max(1, percentile(totals, 95)),
+        requests=len(prompts),
+        source=source,
+    )
+
+
+def percentile(values: Sequence[int], pct: float) -> int:
+    """Nearest-rank percentile: the smallest value with at least `pct` % of values ≤ it."""
+    if not values:
+        raise ValueError("no values")
+    ordered = sorted(values)
+    rank = max(1, math.ceil(pct / 100 * len(ordered)))
+    return ordered[rank - 1]
+
+
+def _count(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
