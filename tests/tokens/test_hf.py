@@ -113,7 +113,10 @@ def test_uncountable_content_is_rejected(tok: HfTokenizer, content: object) -> N
 
 def _write_dir(tmp_path: Path, template: object) -> Path:
     (tmp_path / "tokenizer.json").write_text((BUNDLED_TOKENIZER_DIR / "tokenizer.json").read_text())
-    config = {"bos_token": {"content": "<|bos|>", "__type": "AddedToken"}, "eos_token": "<|eos|>"}
+    config: dict[str, object] = {
+        "bos_token": {"content": "<|bos|>", "__type": "AddedToken"},
+        "eos_token": "<|eos|>",
+    }
     if template is not None:
         config["chat_template"] = template
     (tmp_path / "tokenizer_config.json").write_text(json.dumps(config))
