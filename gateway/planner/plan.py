@@ -370,10 +370,20 @@ class _Core:
         ceiling = DEFAULT_KV_CEILING
         if usable and int(usable * ceiling) < p95_blocks:
             ceiling = min(1.0, math.ceil(p95_blocks / usable * 100) / 100)
-            reasons.append(
-                f"kv_ceiling {ceiling}: raised from {DEFAULT_KV_CEILING} so that one p95 "
-                f"request ({p95_blocks} blocks) can still be admitted"
-            )
+            while ceiling < 1.0 and int(usable * ceiling) < p95_blocks:
+                ceiling = round(ceiling + 0.01, 2)
+            if int(usable * ceiling) >= p95_blocks:
+                reasons.append(
+                    f"kv_ceiling {ceiling}: raised from {DEFAULT_KV_CEILING} so that one p95 "
+                    f"request ({p95_blocks} blocks) can still be admitted"
+                )
+            else:
+                reasons.append(
+                    f"kv_ceiling {ceiling}: even all {usable} usable blocks (vLLM keeps one "
+                    f"back) cannot hold one p95 request of {p95_blocks} blocks; the gateway "
+                    "will reject such requests: give the engine more KV memory or lower "
+                    "max_model_len"
+                )
         else:
             reasons.append(
                 f"kv_ceiling {ceiling}: reserve up to {ceiling:.0%} of the blocks, keeping the "
