@@ -186,7 +186,7 @@ def _samples(text: str) -> list[Sample]:
 
 def _engine_order(key: tuple[str, str]) -> tuple[str, int, str]:
     model, engine = key
-    return (model, int(engine) if engine.isdigit() else -1, engine)
+    return (model, int(engine) if engine.isdecimal() else -1, engine)
 
 
 def _rank(model: str, engine: str, values: Mapping[str, float]) -> RankMetrics:

@@ -132,6 +132,12 @@ def test_page_without_cache_config() -> None:
     assert only_model(page).num_preemptions_total == 0
 
 
+@pytest.mark.parametrize("engine", ["²", "-1", "rank-a"])
+def test_odd_engine_labels_are_kept_as_text(engine: str) -> None:
+    page = add_dp_rank(capture(SATURATED), engine)
+    assert [r.engine for r in only_model(page).ranks] == [engine, "0"]
+
+
 def test_empty_page_has_no_models() -> None:
     assert parse_metrics("") == {}
     assert parse_page("").cache is None
