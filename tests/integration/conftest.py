@@ -1,0 +1,106 @@
+"""Integration fixtures: simulated engines and the gateway on real loopback sockets, in this
+test's event loop, with the official `openai` client as the client."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import httpx
+import pytest
+
+from gateway.config import parse_config
+from gateway.http.app import create_app
+from gateway.http.embedded import running_app
+from gateway.runtime import Runtime, build_runtime
+from gateway.sim.server import SimConfig
+from gateway.sim.server import create_app as create_sim_app
+
+FAST = SimConfig(
+    served_model_name="tiny",
+    block_size=16,
+    max_model_len=1024,
+    prefill_ms_per_token=0.001,
+    decode_ms_base=1.0,
+    decode_ms_per_seq=0.05,
+)
+
+
+@dataclasses.dataclass
+class Engine:
+    url: str
+    app: Any
+
+    @property
+    def sim(self) -> Any:
+        return self.app.state.sim
+
+
+@dataclasses.dataclass
+class Gateway:
+    url: str
+    runtime: Runtime
+    engines: list[Engine]
+
+    async def status(self) -> dict[str, Any]:
+        async with httpx.AsyncClient() as client:
+            return (await client.get(self.url + "/admin/status")).json()
+
+
+@contextlib.asynccontextmanager
+async def gateway_over(sims: list[SimConfig], **overrides: Any) -> AsyncIterator[Gateway]:
+    async with contextlib.AsyncExitStack() as stack:
+        engines = []
+        for i, sim in enumerate(sims):
+            app = create_sim_app(dataclasses.replace(sim, seed=i))
+            engines.append(Engine(await stack.enter_async_context(running_app(app)), app))
+        raw: dict[str, Any] = {
+            "engines": [
+                {"name": f"e{i}", "url": e.url, "max_num_seqs": sims[i].max_num_seqs}
+                for i, e in enumerate(engines)
+            ],
+            "models": [{"name": "tiny", "tokenizer": "hf:@tiny"}],
+            "routing": {"seed": 7},
+        }
+        for key, value in overrides.items():
+            raw[key] = value
+        cfg = parse_config(raw)
+        runtime = await build_runtime(cfg)
+        url = await stack.enter_async_context(running_app(create_app(cfg, runtime)))
+        yield Gateway(url, runtime, engines)
+
+
+@pytest.fixture
+def make_gateway() -> Callable[..., contextlib.AbstractAsyncContextManager[Gateway]]:
+    return gateway_over
+
+
+class PeakWatcher:
+    """Samples engines' scheduler state every few ms while a burst runs."""
+
+    def __init__(self, engines: list[Engine]) -> None:
+        self.engines = engines
+        self.peak_running = [0] * len(engines)
+        self.peak_used = [0] * len(engines)
+        self._task: asyncio.Task[None] | None = None
+
+    async def _run(self) -> None:
+        while True:
+            for i, e in enumerate(self.engines):
+                snap = e.sim.engine.snapshot()
+                self.peak_running[i] = max(self.peak_running[i], snap.running)
+                self.peak_used[i] = max(self.peak_used[i], snap.used_blocks)
+            await asyncio.sleep(0.002)
+
+    async def __aenter__(self) -> PeakWatcher:
+        self._task = asyncio.create_task(self._run())
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self._task is not None
+        self._task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._task

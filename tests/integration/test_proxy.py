@@ -1,0 +1,151 @@
+"""Normal traffic through the gateway reaches the engine and comes back unchanged."""
+
+import httpx
+import openai
+import pytest
+
+from tests.integration.conftest import FAST, gateway_over
+
+MESSAGES = [{"role": "user", "content": "Hello there, how are you?"}]
+
+
+def _strip_ids(body: dict) -> dict:
+    return {k: v for k, v in body.items() if k not in ("id", "created")}
+
+
+async def test_chat_and_completion_pass_unchanged():
+    async with gateway_over([FAST]) as gw:
+        engine = gw.engines[0].url
+        async with httpx.AsyncClient() as http:
+            for path, payload in [
+                (
+                    "/v1/chat/completions",
+                    {"model": "tiny", "messages": MESSAGES, "max_tokens": 9, "seed": 3},
+                ),
+                (
+                    "/v1/completions",
+                    {"model": "tiny", "prompt": "Once upon", "max_tokens": 7, "seed": 3},
+                ),
+            ]:
+                direct = await http.post(engine + path, json=payload)
+                via = await http.post(gw.url + path, json=payload)
+                assert via.status_code == direct.status_code == 200
+                assert _strip_ids(via.json()) == _strip_ids(direct.json())
+                assert via.headers["content-type"] == direct.headers["content-type"]
+                assert via.headers["x-kv-gateway-engine"] == "e0"
+
+
+async def test_official_client_async_sync_and_streaming():
+    async with gateway_over([FAST, FAST]) as gw:
+        client = openai.AsyncOpenAI(base_url=gw.url + "/v1", api_key="x", max_retries=0)
+        chat = await client.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=5)
+        assert chat.usage.completion_tokens == 5
+        assert chat.usage.prompt_tokens > 5
+        comp = await client.completions.create(model="tiny", prompt="abc", max_tokens=4, n=2)
+        assert len(comp.choices) == 2 and comp.usage.completion_tokens == 8
+
+        stream = await client.chat.completions.create(
+            model="tiny",
+            messages=MESSAGES,
+            max_tokens=6,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+        chunks = [c async for c in stream]
+        text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        assert text
+        assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 6
+
+        models = await client.models.list()
+        assert [m.id for m in models.data] == ["tiny"]
+        await client.close()
+
+        # The sync client too (in a worker thread: the servers run on this loop).
+        import asyncio
+
+        def sync_call() -> str:
+            with openai.OpenAI(base_url=gw.url + "/v1", api_key="x", max_retries=0) as c:
+                r = c.completions.create(model="tiny", prompt="hello", max_tokens=3)
+                return r.choices[0].finish_reason
+
+        assert await asyncio.to_thread(sync_call) == "length"
+
+
+async def test_request_id_passes_through_and_is_generated():
+    async with gateway_over([FAST]) as gw, httpx.AsyncClient() as http:
+        body = {"model": "tiny", "prompt": "x", "max_tokens": 2}
+        given = await http.post(
+            gw.url + "/v1/completions", json=body, headers={"x-request-id": "abc-123"}
+        )
+        assert given.headers["x-request-id"] == "abc-123"
+        made = await http.post(gw.url + "/v1/completions", json=body)
+        assert len(made.headers["x-request-id"]) >= 16
+        bad = await http.post(
+            gw.url + "/v1/completions",
+            json={"model": "nope", "prompt": "x"},
+            headers={"x-request-id": "r-404"},
+        )
+        assert bad.headers["x-request-id"] == "r-404"
+
+
+@pytest.mark.parametrize(
+    ("payload", "status", "code"),
+    [
+        ({"model": "nope", "messages": MESSAGES}, 404, "model_not_found"),
+        ({"messages": MESSAGES}, 400, "invalid_request"),
+        ({"model": "tiny", "messages": []}, 400, "invalid_request"),
+        ({"model": "tiny", "messages": MESSAGES, "max_tokens": -5}, 400, "invalid_request"),
+        (
+            {"model": "tiny", "messages": MESSAGES, "max_tokens": 10**9},
+            400,
+            "context_length_exceeded",
+        ),
+        ({"model": "tiny", "messages": MESSAGES, "max_tokens": "lots"}, 400, "invalid_request"),
+        ({"model": "tiny", "messages": MESSAGES, "n": 10**6}, 400, "invalid_request"),
+    ],
+)
+async def test_bad_input_is_an_openai_error(payload, status, code):
+    async with gateway_over([FAST]) as gw, httpx.AsyncClient() as http:
+        r = await http.post(gw.url + "/v1/chat/completions", json=payload)
+        assert r.status_code == status
+        error = r.json()["error"]
+        assert error["code"] == code and error["message"] and "type" in error and "param" in error
+        status_after = await gw.status()
+        assert all(e["reserved_blocks"] == 0 for e in status_after["engines"])
+
+
+async def test_malformed_json_and_wrong_routes():
+    async with gateway_over([FAST]) as gw, httpx.AsyncClient() as http:
+        r = await http.post(
+            gw.url + "/v1/chat/completions",
+            content=b"{oops",
+            headers={"content-type": "application/json"},
+        )
+        assert r.status_code == 400 and "not valid JSON" in r.json()["error"]["message"]
+        r = await http.get(gw.url + "/v1/chat/completions")
+        assert r.status_code == 405 and "error" in r.json()
+        r = await http.get(gw.url + "/v2/nothing")
+        assert r.status_code == 404 and "error" in r.json()
+
+
+async def test_official_client_raises_typed_errors():
+    async with gateway_over([FAST]) as gw:
+        client = openai.AsyncOpenAI(base_url=gw.url + "/v1", api_key="x", max_retries=0)
+        with pytest.raises(openai.NotFoundError):
+            await client.chat.completions.create(model="nope", messages=MESSAGES)
+        with pytest.raises(openai.BadRequestError, match="maximum context length"):
+            await client.completions.create(model="tiny", prompt="hi", max_tokens=5000)
+        await client.close()
+
+
+async def test_request_that_never_fits_is_400_with_numbers():
+    small = FAST.__class__(**{**FAST.__dict__, "num_gpu_blocks": 65, "max_model_len": 1024})
+    async with gateway_over([small]) as gw, httpx.AsyncClient() as http:
+        # 3 sequences × ceil((prompt + 1000) / 16) blocks cannot fit 64 usable blocks.
+        r = await http.post(
+            gw.url + "/v1/completions",
+            json={"model": "tiny", "prompt": "hi", "max_tokens": 1000, "n": 3},
+        )
+        assert r.status_code == 400
+        message = r.json()["error"]["message"]
+        assert "KV blocks" in message and "at most" in message
