@@ -9,9 +9,10 @@ from typing import Any, Protocol, runtime_checkable
 
 from gateway.tokens.errors import PromptTypeError
 
-OFFLOAD_CHARS = 32 * 1024
-"""Inputs longer than this many characters are tokenized in a worker thread: a 32 KiB prompt
-takes about a millisecond to encode, which is the most the event loop should stall for."""
+OFFLOAD_CHARS = 8 * 1024
+"""Inputs longer than this many characters are tokenized in a worker thread. Measured on the
+2-core test machine (docs/tokens.md): 4 KiB takes ~0.5-1.2 ms with ``hf``, 64 KiB ~20 ms, so
+8 KiB keeps an inline stall of the event loop at about 2 ms, while a thread hop costs 0.1-0.4 ms."""
 
 
 @runtime_checkable
