@@ -7,7 +7,6 @@ import random
 from dataclasses import dataclass
 
 from gateway.config import GatewayConfig
-from gateway.core.queue import FifoQueue
 from gateway.core.retry import ReleaseRate
 from gateway.core.routing import Router
 from gateway.engines.pool import EnginePool
@@ -50,7 +49,7 @@ async def build_runtime(cfg: GatewayConfig) -> Runtime:
     scheduler = Scheduler(
         store=store,
         pool=pool,
-        queue=FifoQueue(cfg.queue.max_length),
+        max_length=cfg.queue.max_length,
         kv_ceiling=cfg.admission.kv_ceiling,
         max_wait_s=cfg.queue.max_wait_s,
         retry_fallback_s=cfg.admission.retry_fallback_s,

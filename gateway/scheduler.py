@@ -1,8 +1,8 @@
 """Admission with a waiting line: admit now, wait for capacity, or refuse with 429.
 
-The decisions are the pure core's (`core.queue`, `core.routing` via the state store,
-`core.retry`); this module holds the asyncio side: one future per waiter, a dispatch pass
-whenever capacity may have been released, deadlines, and cancellation when a client leaves.
+The decisions live in the state store (atomic, shared by every replica) and the pure core;
+this module is the asyncio side: one loop per waiting request that retries whenever
+capacity may have changed, a deadline, and clean-up when a client leaves.
 """
 
 from __future__ import annotations
@@ -10,19 +10,35 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Coroutine, Mapping
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 
-from gateway.core.queue import DispatchPass, Waiter, WaitQueue
 from gateway.core.retry import ReleaseRate, RetryAdvice, advise_retry
 from gateway.core.routing import Candidate
-from gateway.core.types import EngineLoad, Footprint
+from gateway.core.types import EngineLoad, Footprint, TenantPolicy
 from gateway.engines.pool import EnginePool
 from gateway.errors import RateLimited
-from gateway.state.base import AdmissionAsk, Lease, StateStore
+from gateway.state.base import (
+    DEFAULT_TENANT,
+    AdmissionAsk,
+    Lease,
+    QueueEntry,
+    Refusal,
+    StateStore,
+)
 
 log = logging.getLogger(__name__)
+
+# Waiters re-check at least this often even without a change notice (engine health and
+# reported usage change without releases).
+POLL_S = 0.25
+
+_TENANT_MESSAGES = {
+    "tenant_concurrency": "Too many concurrent requests for tenant {t}.",
+    "tenant_rpm": "Requests-per-minute limit reached for tenant {t}.",
+    "tenant_tpm": "Tokens-per-minute limit reached for tenant {t}.",
+    "tenant_kv_share": "Tenant {t} holds its whole share of the KV cache.",
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,11 +47,13 @@ class Ask:
 
     id: str
     needs: Mapping[str, Footprint]
-    tenant: str = "default"
+    tenant: TenantPolicy = DEFAULT_TENANT
+    tokens: int = 0
+    tenant_max_blocks: int | None = None
+    engines: frozenset[str] = field(init=False)
 
-    @property
-    def engines(self) -> frozenset[str]:
-        return frozenset(self.needs)
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "engines", frozenset(self.needs))
 
     @property
     def blocks(self) -> int:
@@ -49,8 +67,8 @@ class Scheduler:
         *,
         store: StateStore,
         pool: EnginePool,
-        queue: WaitQueue,
         kv_ceiling: float,
+        max_length: int,
         max_wait_s: float,
         retry_fallback_s: float,
         rate: ReleaseRate,
@@ -58,108 +76,67 @@ class Scheduler:
     ) -> None:
         self.store = store
         self.pool = pool
-        self.queue = queue
         self.kv_ceiling = kv_ceiling
+        self.max_length = max_length
         self.max_wait_s = max_wait_s
         self.retry_fallback_s = retry_fallback_s
         self.rate = rate
         self.clock = clock
-        self._asks: dict[str, Ask] = {}
-        self._futures: dict[str, asyncio.Future[Lease]] = {}
-        self._pump_lock = asyncio.Lock()
-        self._background: set[asyncio.Future[None]] = set()
-
-    # -- admission ---------------------------------------------------------------------------
 
     async def admit(self, ask: Ask) -> Lease:
         """A lease on some engine, after waiting if needed; raises `RateLimited` (429)."""
-        now = self.clock()
-        if not self._anyone_ahead(ask.engines):
-            lease = await self._try(ask, ask.engines)
-            if lease is not None:
-                return lease
-        if not self.queue.has_room():
+        first = await self._try(ask, queued=False)
+        if isinstance(first, Lease):
+            return first
+        await self._refuse_unless_waitable(ask, first)
+        entry = QueueEntry(ask.id, ask.tenant, ask.engines, ask.blocks, self.max_wait_s)
+        verdict = await self.store.enqueue(entry, self.max_length)
+        if verdict != "queued":
+            who = "the gateway's" if verdict == "queue_full" else f"tenant {ask.tenant.name}'s"
             raise RateLimited(
-                f"The gateway's queue is full ({len(self.queue)} waiting); no engine has "
-                f"room for this request's {ask.blocks} KV blocks now.",
+                f"{who} queue is full; no engine has room for this request's "
+                f"{ask.blocks} KV blocks now.",
                 code="queue_full",
                 retry=await self._advice(ask),
             )
-        waiter = Waiter(
-            id=ask.id,
-            engines=ask.engines,
-            blocks=ask.blocks,
-            enqueued_at=now,
-            deadline=now + self.max_wait_s,
-            tenant=ask.tenant,
-        )
-        future: asyncio.Future[Lease] = asyncio.get_running_loop().create_future()
-        self.queue.push(waiter)
-        self._asks[ask.id] = ask
-        self._futures[ask.id] = future
+        deadline = self.clock() + self.max_wait_s
         placed = False
         try:
-            await self.pump()
-            try:
-                lease = await asyncio.wait_for(asyncio.shield(future), timeout=self.max_wait_s)
-            except TimeoutError:
-                if not (future.done() and not future.cancelled()):
+            while True:
+                result = await self._try(ask, queued=True)
+                if isinstance(result, Lease):
+                    placed = True
+                    return result
+                await self._refuse_unless_waitable(ask, result)
+                remaining = deadline - self.clock()
+                if remaining <= 0:
                     raise RateLimited(
                         f"No engine had room for this request's {ask.blocks} KV blocks within "
                         f"{self.max_wait_s:g} s of waiting.",
                         code="queue_timeout",
                         retry=await self._advice(ask),
-                    ) from None
-                lease = future.result()  # placed just as the deadline passed
-            placed = True
-            return lease
+                    )
+                await self.store.wait_for_change(min(remaining, POLL_S))
         finally:
-            self.queue.remove(ask.id)
-            self._asks.pop(ask.id, None)
-            self._futures.pop(ask.id, None)
             if not placed:
-                if future.done() and not future.cancelled():
-                    # Placed, but the waiter is leaving (the client went away): give it back.
-                    self._spawn(self.release(future.result()))
-                else:
-                    future.cancel()
+                # Leaving without a lease (timeout, refusal, or the client went away). If a
+                # store call was cut short by cancellation, a lease may exist anyway: release
+                # by id is idempotent, so hand back whatever there is.
+                await asyncio.shield(self._abandon(ask.id))
 
-    async def release(self, lease: Lease) -> None:
-        """Give a lease back (idempotent) and let waiters in."""
-        if await self.store.release(lease):
+    async def release(self, lease: Lease, used_tokens: int | None = None) -> None:
+        """Give a lease back (idempotent); waiters anywhere are told by the store."""
+        if await self.store.release(lease, used_tokens):
             self.rate.record(self.clock(), lease.blocks)
-        await self.pump()
 
-    async def pump(self) -> None:
-        """One dispatch pass: place waiters in order wherever they fit."""
-        async with self._pump_lock:
-            dispatch = DispatchPass()
-            for waiter in self.queue.in_order():
-                usable = dispatch.usable(waiter)
-                ask = self._asks.get(waiter.id)
-                if not usable or ask is None:
-                    continue
-                lease = await self._try(ask, usable)
-                if lease is None:
-                    dispatch.stuck(waiter)
-                    continue
-                future = self._futures.get(waiter.id)
-                self.queue.remove(waiter.id)
-                if future is None or future.done():
-                    # The waiter left while we were placing it.
-                    await self.store.release(lease)
-                    continue
-                future.set_result(lease)
+    async def _abandon(self, ask_id: str) -> None:
+        await self.store.dequeue(ask_id)
+        await self.store.release(Lease(id=ask_id, engine="", blocks=0, seqs=0))
 
-    # -- helpers ----------------------------------------------------------------------------
-
-    def _anyone_ahead(self, engines: frozenset[str]) -> bool:
-        return any(w.engines & engines for w in self.queue.in_order())
-
-    async def _try(self, ask: Ask, engines: frozenset[str]) -> Lease | None:
+    async def _try(self, ask: Ask, *, queued: bool) -> Lease | Refusal:
         candidates = tuple(
-            Candidate(view=self.pool.view(name, EngineLoad()), need=ask.needs[name])
-            for name in sorted(engines)
+            Candidate(view=self.pool.view(name, EngineLoad()), need=need)
+            for name, need in sorted(ask.needs.items())
             if self.pool.get(name) is not None
         )
         return await self.store.try_admit(
@@ -168,34 +145,30 @@ class Scheduler:
                 candidates=candidates,
                 kv_ceiling=self.kv_ceiling,
                 tenant=ask.tenant,
+                tokens=ask.tokens,
+                tenant_max_blocks=ask.tenant_max_blocks,
+                queued=queued,
             )
         )
 
-    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
-        """Run clean-up that must not be lost to the caller's cancellation."""
-        task = asyncio.ensure_future(coro)
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
-        task.add_done_callback(_log_failure)
+    async def _refuse_unless_waitable(self, ask: Ask, refusal: Refusal) -> None:
+        if refusal.waitable:
+            return
+        seconds = refusal.retry_after_s
+        retry = RetryAdvice(seconds) if seconds is not None else await self._advice(ask)
+        raise RateLimited(
+            _TENANT_MESSAGES.get(refusal.code, "{t}: refused").format(t=ask.tenant.name),
+            code=refusal.code,
+            retry=retry,
+        )
 
     async def _advice(self, ask: Ask) -> RetryAdvice:
         loads = await self.store.loads()
         free = 0
         for name in ask.engines:
             if self.pool.get(name) is not None:
-                free += max(
-                    0,
-                    self.pool.view(name, loads.get(name, EngineLoad())).free_blocks(
-                        self.kv_ceiling
-                    ),
-                )
-        ahead = self.queue.blocks_ahead(ask.engines)
-        now = self.clock()
-        return advise_retry(
-            ahead + ask.blocks, free, self.rate.per_second(now), self.retry_fallback_s
-        )
-
-
-def _log_failure(task: asyncio.Future[None]) -> None:
-    if not task.cancelled() and task.exception() is not None:
-        log.error("releasing an unused lease failed", exc_info=task.exception())
+                view = self.pool.view(name, loads.get(name, EngineLoad()))
+                free += max(0, view.free_blocks(self.kv_ceiling))
+        ahead = await self.store.blocks_ahead(ask.engines)
+        rate = self.rate.per_second(self.clock())
+        return advise_retry(ahead + ask.blocks, free, rate, self.retry_fallback_s)

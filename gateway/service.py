@@ -9,12 +9,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from gateway.core.admission import NeverFits, place
-from gateway.core.types import EngineSpec, RequestShape
+from gateway.core.types import EngineSpec, RequestShape, TenantPolicy
 from gateway.engines.pool import EnginePool
 from gateway.errors import BadRequest, ContextOverflow, ModelNotFound, UpstreamUnavailable
 from gateway.http.parse import Inbound
 from gateway.scheduler import Ask, Scheduler
-from gateway.state.base import Lease
+from gateway.state.base import DEFAULT_TENANT, Lease
 from gateway.tokens import TokenCountError
 from gateway.tokens.protocol import TokenCounter, prompt_token_counts
 
@@ -33,7 +33,9 @@ class Service:
         self.counters = counters
         self.kv_ceiling = kv_ceiling
 
-    async def admit(self, inbound: Inbound, request_id: str, tenant: str = "default") -> Lease:
+    async def admit(
+        self, inbound: Inbound, request_id: str, tenant: TenantPolicy = DEFAULT_TENANT
+    ) -> Lease:
         """A lease on an engine for this request; raises a `GatewayError` otherwise."""
         engines = [e.spec for e in self.pool.serving(inbound.model)]
         if not engines:

@@ -85,3 +85,21 @@ class Footprint:
     blocks: int
     seqs: int
     tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class TenantPolicy:
+    """One tenant's contract. None means "no limit" for that dimension.
+
+    `kv_share` is the most KV blocks the tenant may hold at once, as a fraction of all
+    engines' usable blocks; `priority` classes are served strictly in order (higher first);
+    `weight` is the tenant's share of capacity within its class.
+    """
+
+    name: str = "default"
+    max_concurrency: int | None = None
+    rpm: int | None = None
+    tpm: int | None = None
+    kv_share: float | None = None
+    priority: int = 0
+    weight: float = 1.0

@@ -70,7 +70,9 @@ async def status(request: Request) -> Response:
                 "sources": state.sources,
             }
         )
-    return JSONResponse({"engines": engines, "queue": {"length": len(runtime.scheduler.queue)}})
+    return JSONResponse(
+        {"engines": engines, "queue": {"length": await runtime.store.queue_length()}}
+    )
 
 
 async def http_error(request: Request, exc: Exception) -> Response:

@@ -1,52 +1,150 @@
-"""The shared-state port: reservations (leases) on engines.
+"""The shared-state port: leases on engines, tenant counters, and the waiting line.
 
-Two adapters implement it — `memory.InMemoryStore` (one process) and `redis.RedisStore`
-(several gateway replicas) — and one conformance suite (`tests/state/`) runs against both.
-`try_admit` is atomic: checking capacity, choosing the engine and writing the lease happen
-as one step, so concurrent admissions never over-commit an engine.
+Two adapters implement it — `memory.InMemoryStore` (one process, the embedded default) and
+`redis.RedisStore` (several gateway replicas sharing one Redis) — and one conformance suite
+(`tests/state/`) runs against both.
+
+Contract:
+- `try_admit` is atomic: tenant limits, engine capacity, the order of the waiting line,
+  the choice of engine and the lease write are one step (one Lua script on Redis), so
+  concurrent admissions — on any replica — never over-commit an engine or a tenant.
+- An ask may take capacity only if no *queued* entry ordered before it competes for any of
+  its engines ("no overtaking"); the order is priority class first, then weighted fair
+  sharing across tenants (see `gateway.core.fairqueue`), then arrival.
+- A refused ask charges nothing. Rate limits are charged when a lease is granted; tokens are
+  charged up front (`ask.tokens`) and the difference refunded at `release(used_tokens=...)`.
+- `release` is idempotent. Leases not renewed expire (a dead replica's capacity returns).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Literal, Protocol
 
 from gateway.core.routing import Candidate
-from gateway.core.types import EngineLoad
+from gateway.core.types import EngineLoad, TenantPolicy
+
+DEFAULT_TENANT = TenantPolicy()
 
 
 @dataclass(frozen=True, slots=True)
 class Lease:
-    """A reservation of `blocks` and `seqs` on `engine`, held until released (or expired)."""
+    """A reservation of `blocks` and `seqs` on `engine`, held until released (or expired).
+
+    `tokens` is what was charged against the tenant's TPM at admission."""
 
     id: str
     engine: str
     blocks: int
     seqs: int
     tenant: str = "default"
+    tokens: int = 0
 
 
 @dataclass(frozen=True, slots=True)
 class AdmissionAsk:
-    """Everything `try_admit` needs: one candidate per engine the request may use."""
+    """Everything `try_admit` needs: one candidate per engine the request may use.
+
+    `tenant_max_blocks` is the tenant's `kv_share` turned into blocks by the caller (a
+    fraction of all engines' usable blocks); None means no share limit. `queued` is True
+    when the ask belongs to an entry placed with `enqueue` (it may then pass itself)."""
 
     lease_id: str
     candidates: tuple[Candidate, ...]
     kv_ceiling: float
-    tenant: str = "default"
+    tenant: TenantPolicy = DEFAULT_TENANT
+    tokens: int = 0
+    tenant_max_blocks: int | None = None
+    queued: bool = False
+
+
+RefusalCode = Literal[
+    "no_capacity",  # no engine has room now: wait
+    "queued_ahead",  # others wait for these engines first: wait behind them
+    "tenant_concurrency",
+    "tenant_rpm",
+    "tenant_tpm",
+    "tenant_kv_share",
+]
+WAITABLE: frozenset[str] = frozenset({"no_capacity", "queued_ahead"})
+
+
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    """Why an ask got no lease. `retry_after_s`: for rate limits, when there is room again."""
+
+    code: RefusalCode
+    retry_after_s: float | None = None
+
+    @property
+    def waitable(self) -> bool:
+        return self.code in WAITABLE
+
+
+@dataclass(frozen=True, slots=True)
+class QueueEntry:
+    """A request waiting for capacity. `max_wait_s` bounds how long the entry may live."""
+
+    id: str
+    tenant: TenantPolicy
+    engines: frozenset[str]
+    blocks: int
+    max_wait_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class RateLimitState:
+    """For the `x-ratelimit-*` headers; None where the tenant has no such limit."""
+
+    limit_requests: int | None = None
+    remaining_requests: int | None = None
+    reset_requests_s: float | None = None
+    limit_tokens: int | None = None
+    remaining_tokens: int | None = None
+    reset_tokens_s: float | None = None
+
+
+QueueVerdict = Literal["queued", "queue_full", "tenant_queue_full"]
 
 
 class StateStore(Protocol):
-    async def try_admit(self, ask: AdmissionAsk) -> Lease | None:
-        """Reserve on the best candidate that fits right now, or return None."""
+    async def try_admit(self, ask: AdmissionAsk) -> Lease | Refusal:
+        """Reserve on the best candidate that fits right now, or say why not."""
         ...
 
-    async def release(self, lease: Lease) -> bool:
-        """Give the lease back. Idempotent: True the first time, False after."""
+    async def release(self, lease: Lease, used_tokens: int | None = None) -> bool:
+        """Give the lease back; refund `lease.tokens − used_tokens` to the tenant's TPM.
+        Idempotent: True the first time, False after."""
         ...
+
+    async def renew(self, leases: Sequence[Lease]) -> None:
+        """Keep running requests' leases alive."""
+        ...
+
+    async def enqueue(self, entry: QueueEntry, max_length: int) -> QueueVerdict:
+        """Join the waiting line (visible to every replica), unless it is full."""
+        ...
+
+    async def dequeue(self, entry_id: str) -> None:
+        """Leave the waiting line (admitted, timed out or gone). Idempotent."""
+        ...
+
+    async def queue_length(self) -> int: ...
+
+    async def blocks_ahead(self, engines: frozenset[str]) -> int:
+        """Blocks wanted by queued entries competing for any of `engines`."""
+        ...
+
+    async def rate_limits(self, tenant: TenantPolicy) -> RateLimitState: ...
 
     async def loads(self) -> dict[str, EngineLoad]:
         """Reserved blocks and sequences per engine; engines holding nothing may be absent."""
+        ...
+
+    async def wait_for_change(self, within_s: float) -> None:
+        """Return when capacity may have changed anywhere (a release or an admission, on any
+        replica), or after `within_s` seconds."""
         ...
 
     async def close(self) -> None: ...
