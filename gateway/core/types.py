@@ -93,7 +93,8 @@ class TenantPolicy:
 
     `kv_share` is the most KV blocks the tenant may hold at once, as a fraction of all
     engines' usable blocks; `priority` classes are served strictly in order (higher first);
-    `weight` is the tenant's share of capacity within its class.
+    `weight` is the tenant's share of capacity within its class; `max_queued` caps how many
+    of its requests may wait at once.
     """
 
     name: str = "default"
@@ -103,3 +104,4 @@ class TenantPolicy:
     kv_share: float | None = None
     priority: int = 0
     weight: float = 1.0
+    max_queued: int | None = None
