@@ -6,6 +6,7 @@ names are a contract with users: extend, never rename.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
@@ -106,6 +107,50 @@ class UpstreamConfig(_Strict):
     max_body_bytes: int = Field(default=16 * 1024 * 1024, gt=0)
 
 
+DIGEST_PREFIX = "sha256:"
+
+
+class TenantConfig(_Strict):
+    """An API client: its keys (sha256 digests, never plaintext) and its limits."""
+
+    name: str
+    api_keys: list[str] = Field(min_length=1)
+    max_concurrency: PositiveInt | None = None
+    rpm: PositiveInt | None = None
+    tpm: PositiveInt | None = None
+    kv_share: float | None = Field(default=None, gt=0, le=1)
+    priority: int = 0
+    weight: float = Field(default=1.0, gt=0)
+    max_queued: int | None = Field(default=None, ge=0)
+
+    @field_validator("api_keys")
+    @classmethod
+    def _digests(cls, keys: list[str]) -> list[str]:
+        out = []
+        for key in keys:
+            digest = key.removeprefix(DIGEST_PREFIX).lower()
+            if len(digest) != 64 or any(c not in "0123456789abcdef" for c in digest):
+                raise ValueError(
+                    "api_keys are sha256 digests (64 hex digits, optionally 'sha256:'-prefixed); "
+                    "make one with `kv-gateway hash-key`"
+                )
+            out.append(digest)
+        return out
+
+
+class RedisConfig(_Strict):
+    """Shared state for several gateway replicas. Absent → in-process state."""
+
+    url: str = "redis://127.0.0.1:6379/0"
+    key_prefix: str = "kvgw"
+    lease_ttl_s: float = Field(default=15.0, gt=0)
+    # What to do when Redis cannot be reached: refuse with 503 (`fail_closed`, the default:
+    # never over-commit an engine) or admit on a conservative local share of each engine
+    # (`fail_open_local`: stay up, at the risk of replicas together exceeding the ceiling).
+    on_failure: Literal["fail_closed", "fail_open_local"] = "fail_closed"
+    local_share: float = Field(default=0.5, gt=0, le=1)
+
+
 class GatewayConfig(_Strict):
     engines: list[EngineConfig] = Field(min_length=1)
     models: list[ModelConfig] = Field(default_factory=list)
@@ -113,6 +158,8 @@ class GatewayConfig(_Strict):
     admission: AdmissionConfig = AdmissionConfig()
     routing: RoutingConfig = RoutingConfig()
     upstream: UpstreamConfig = UpstreamConfig()
+    tenants: list[TenantConfig] = Field(default_factory=list)
+    redis: RedisConfig | None = None
 
     @model_validator(mode="after")
     def _unique_names(self) -> GatewayConfig:
@@ -124,6 +171,13 @@ class GatewayConfig(_Strict):
         dupes = sorted({n for n in models if models.count(n) > 1})
         if dupes:
             raise ValueError(f"model names must be unique; repeated: {dupes}")
+        tenants = [t.name for t in self.tenants]
+        dupes = sorted({n for n in tenants if tenants.count(n) > 1})
+        if dupes:
+            raise ValueError(f"tenant names must be unique; repeated: {dupes}")
+        keys = [k for t in self.tenants for k in t.api_keys]
+        if len(keys) != len(set(keys)):
+            raise ValueError("an API key digest is listed for more than one tenant")
         return self
 
     def tokenizer_for(self, model: str) -> str:
@@ -153,6 +207,9 @@ def parse_config(data: Any) -> GatewayConfig:
         raise ConfigError(f"invalid configuration: {_describe(e)}") from None
 
 
+ENV_REDIS_URL = "KV_GATEWAY_REDIS_URL"
+
+
 def load_config(path: str | Path) -> GatewayConfig:
     try:
         text = Path(path).read_text()
@@ -162,4 +219,10 @@ def load_config(path: str | Path) -> GatewayConfig:
         data = yaml.safe_load(text)
     except yaml.YAMLError as e:
         raise ConfigError(f"config {path} is not valid YAML: {e}") from None
-    return parse_config(data)
+    cfg = parse_config(data)
+    # Secrets may stay out of the file: the Redis URL (with its password) from the environment.
+    url = os.environ.get(ENV_REDIS_URL)
+    if url:
+        redis = cfg.redis or RedisConfig()
+        cfg = cfg.model_copy(update={"redis": redis.model_copy(update={"url": url})})
+    return cfg

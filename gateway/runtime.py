@@ -6,6 +6,7 @@ import logging
 import random
 from dataclasses import dataclass
 
+from gateway.auth import Authenticator
 from gateway.config import GatewayConfig
 from gateway.core.retry import ReleaseRate
 from gateway.core.routing import Router
@@ -30,6 +31,7 @@ class Runtime:
     store: StateStore
     scheduler: Scheduler
     service: Service
+    auth: Authenticator
 
     async def aclose(self) -> None:
         await self.store.close()
@@ -72,4 +74,4 @@ async def build_runtime(cfg: GatewayConfig) -> Runtime:
     service = Service(
         pool=pool, scheduler=scheduler, counters=counters, kv_ceiling=cfg.admission.kv_ceiling
     )
-    return Runtime(cfg, upstream, pool, store, scheduler, service)
+    return Runtime(cfg, upstream, pool, store, scheduler, service, Authenticator(cfg.tenants))

@@ -7,6 +7,7 @@ hands the lease back with `release` in `finally`, whatever happened.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 from gateway.core.admission import NeverFits, place
 from gateway.core.types import EngineSpec, RequestShape, TenantPolicy
@@ -17,6 +18,13 @@ from gateway.scheduler import Ask, Scheduler
 from gateway.state.base import DEFAULT_TENANT, Lease
 from gateway.tokens import TokenCountError
 from gateway.tokens.protocol import TokenCounter, prompt_token_counts
+
+
+@dataclass(frozen=True, slots=True)
+class Admitted:
+    lease: Lease
+    engine: EngineSpec
+    prompt_tokens: int
 
 
 class Service:
@@ -35,7 +43,7 @@ class Service:
 
     async def admit(
         self, inbound: Inbound, request_id: str, tenant: TenantPolicy = DEFAULT_TENANT
-    ) -> Lease:
+    ) -> Admitted:
         """A lease on an engine for this request; raises a `GatewayError` otherwise."""
         engines = [e.spec for e in self.pool.serving(inbound.model)]
         if not engines:
@@ -44,10 +52,25 @@ class Service:
         placement = place(shape, engines, self.kv_ceiling)
         if isinstance(placement, NeverFits):
             raise ContextOverflow(placement.message, param=placement.param)
-        return await self.scheduler.admit(Ask(id=request_id, needs=placement.needs, tenant=tenant))
+        ask = Ask(
+            id=request_id,
+            needs=placement.needs,
+            tenant=tenant,
+            tokens=max(need.tokens for need in placement.needs.values()),
+            tenant_max_blocks=self._share_blocks(tenant),
+        )
+        lease = await self.scheduler.admit(ask)
+        return Admitted(lease, self.spec(lease.engine), sum(shape.prompt_tokens) * shape.n)
 
-    async def release(self, lease: Lease) -> None:
-        await self.scheduler.release(lease)
+    async def release(self, lease: Lease, used_tokens: int | None = None) -> None:
+        await self.scheduler.release(lease, used_tokens)
+
+    def _share_blocks(self, tenant: TenantPolicy) -> int | None:
+        """`kv_share` in blocks: a fraction of all engines' admissible blocks."""
+        if tenant.kv_share is None:
+            return None
+        total = sum(e.spec.capacity_blocks(self.kv_ceiling) for e in self.pool)
+        return int(total * tenant.kv_share)
 
     async def shape(self, inbound: Inbound) -> RequestShape:
         counter = self.counters[inbound.model]

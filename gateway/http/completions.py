@@ -16,11 +16,12 @@ import uuid
 import httpx
 from starlette.types import Receive, Scope, Send
 
-from gateway.errors import GatewayError, UpstreamUnavailable
-from gateway.http.errors import send_error, sse_error_event
+from gateway.errors import GatewayError, RateLimited, UpstreamUnavailable
+from gateway.http.errors import rate_limit_headers, send_error, sse_error_event
 from gateway.http.parse import Kind, parse_body
 from gateway.runtime import Runtime
-from gateway.state.base import Lease
+from gateway.state.base import DEFAULT_TENANT, Lease
+from gateway.usage import UsageMeter
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +55,8 @@ class CompletionsEndpoint:
         except GatewayError as e:
             await send_error(send, e, request_id)
             return
-        work = asyncio.ensure_future(self._serve(runtime, body, request_id, send))
+        auth = _header(scope, b"authorization")
+        work = asyncio.ensure_future(self._serve(runtime, body, request_id, auth, send))
         watcher = asyncio.ensure_future(_until_disconnect(receive))
         try:
             await asyncio.wait({work, watcher}, return_when=asyncio.FIRST_COMPLETED)
@@ -65,15 +67,21 @@ class CompletionsEndpoint:
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
 
-    async def _serve(self, runtime: Runtime, body: bytes, request_id: str, send: Send) -> None:
+    async def _serve(
+        self, runtime: Runtime, body: bytes, request_id: str, auth: str | None, send: Send
+    ) -> None:
         started = False
         streaming = False
         lease: Lease | None = None
+        meter: UsageMeter | None = None
+        tenant = DEFAULT_TENANT
         try:
+            tenant = runtime.auth.tenant(auth)
             inbound = parse_body(body, self.kind)
             streaming = inbound.stream
-            lease = await runtime.service.admit(inbound, request_id)
-            engine = runtime.service.spec(lease.engine)
+            admitted = await runtime.service.admit(inbound, request_id, tenant)
+            lease, engine = admitted.lease, admitted.engine
+            meter = UsageMeter(streaming=streaming, prompt_tokens=admitted.prompt_tokens)
             response = await runtime.upstream.open(
                 engine.url, self.path, body, _upstream_headers(request_id)
             )
@@ -86,6 +94,7 @@ class CompletionsEndpoint:
                 headers = [(k, v) for k, v in response.headers.raw if k.lower() in PASS_BACK]
                 headers.append((b"x-request-id", request_id.encode()))
                 headers.append((b"x-kv-gateway-engine", engine.name.encode()))
+                headers += await rate_limit_headers(runtime, tenant)
                 await send(
                     {
                         "type": "http.response.start",
@@ -95,11 +104,16 @@ class CompletionsEndpoint:
                 )
                 started = True
                 async for chunk in runtime.upstream.chunks(response):
+                    meter.feed(chunk)
                     await send({"type": "http.response.body", "body": chunk, "more_body": True})
                 await send({"type": "http.response.body", "body": b"", "more_body": False})
             finally:
                 await response.aclose()
         except GatewayError as e:
+            if isinstance(e, RateLimited) and not started:
+                e.headers.update(
+                    (k.decode(), v.decode()) for k, v in await rate_limit_headers(runtime, tenant)
+                )
             await _fail(send, e, request_id, started=started, streaming=streaming)
         except (OSError, httpx.HTTPError) as e:  # the client's socket broke while we sent
             log.info("request %s: connection lost: %s", request_id, type(e).__name__)
@@ -115,7 +129,8 @@ class CompletionsEndpoint:
         finally:
             if lease is not None:
                 # Shielded: a second cancellation must not lose the release.
-                await asyncio.shield(runtime.service.release(lease))
+                used = meter.total_tokens() if meter is not None else None
+                await asyncio.shield(runtime.service.release(lease, used))
 
 
 async def _fail(
@@ -132,12 +147,18 @@ async def _fail(
             await send({"type": "http.response.body", "body": b"", "more_body": False})
 
 
-def _request_id(scope: Scope) -> str:
+def _header(scope: Scope, name: bytes) -> str | None:
     for key, value in scope.get("headers", []):
-        if key == b"x-request-id":
+        if key == name:
             text: str = bytes(value).decode("latin-1").strip()
-            if text and len(text) <= 128:
-                return text
+            return text
+    return None
+
+
+def _request_id(scope: Scope) -> str:
+    given = _header(scope, b"x-request-id")
+    if given and len(given) <= 128:
+        return given
     return uuid.uuid4().hex
 
 

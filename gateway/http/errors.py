@@ -4,10 +4,15 @@ stream has started. Never a stack trace."""
 from __future__ import annotations
 
 import json
+from typing import TYPE_CHECKING
 
 from starlette.types import Send
 
+from gateway.core.types import TenantPolicy
 from gateway.errors import GatewayError
+
+if TYPE_CHECKING:
+    from gateway.runtime import Runtime
 
 
 def error_response_parts(
@@ -32,3 +37,30 @@ async def send_error(send: Send, error: GatewayError, request_id: str) -> None:
 def sse_error_event(error: GatewayError) -> bytes:
     """An in-band error for a stream that already started: the official clients raise on it."""
     return b"data: " + json.dumps(error.body()).encode() + b"\n\n"
+
+
+def duration(seconds: float) -> str:
+    """OpenAI's reset format: `350ms`, `12s`, `1m5s`."""
+    if seconds < 1:
+        return f"{max(0, round(seconds * 1000))}ms"
+    minutes, rest = divmod(round(seconds, 1), 60)
+    text = f"{rest:g}s"
+    return f"{int(minutes)}m{text}" if minutes else text
+
+
+async def rate_limit_headers(runtime: Runtime, tenant: TenantPolicy) -> list[tuple[bytes, bytes]]:
+    """`x-ratelimit-*` headers for a tenant with request or token limits; none otherwise."""
+    if tenant.rpm is None and tenant.tpm is None:
+        return []
+    state = await runtime.store.rate_limits(tenant)
+    out: list[tuple[bytes, bytes]] = []
+    for kind, limit, remaining, reset in (
+        ("requests", state.limit_requests, state.remaining_requests, state.reset_requests_s),
+        ("tokens", state.limit_tokens, state.remaining_tokens, state.reset_tokens_s),
+    ):
+        if limit is None:
+            continue
+        out.append((f"x-ratelimit-limit-{kind}".encode(), str(limit).encode()))
+        out.append((f"x-ratelimit-remaining-{kind}".encode(), str(remaining or 0).encode()))
+        out.append((f"x-ratelimit-reset-{kind}".encode(), duration(reset or 0.0).encode()))
+    return out

@@ -1,0 +1,52 @@
+import hashlib
+
+import pytest
+
+from gateway.auth import Authenticator
+from gateway.cli import main
+from gateway.config import ConfigError, parse_config
+from gateway.errors import Unauthorized
+
+
+def cfg_with(keys):
+    return parse_config(
+        {
+            "engines": [{"url": "http://127.0.0.1:9"}],
+            "tenants": [{"name": "a", "api_keys": keys, "rpm": 10, "kv_share": 0.5}],
+        }
+    )
+
+
+def test_hash_key_cli_prints_a_digest_the_config_accepts(capsys):
+    assert main(["hash-key", "sk-secret"]) == 0
+    printed = capsys.readouterr().out.strip()
+    assert printed == "sha256:" + hashlib.sha256(b"sk-secret").hexdigest()
+    assert cfg_with([printed]).tenants[0].api_keys == [printed.removeprefix("sha256:")]
+
+
+def test_plaintext_keys_are_refused():
+    with pytest.raises(ConfigError, match=r"tenants\.0\.api_keys"):
+        cfg_with(["sk-secret"])
+
+
+def test_bearer_key_maps_to_tenant():
+    digest = hashlib.sha256(b"sk-1").hexdigest()
+    auth = Authenticator(cfg_with([digest]).tenants)
+    policy = auth.tenant("Bearer sk-1")
+    assert (policy.name, policy.rpm, policy.kv_share) == ("a", 10, 0.5)
+    for header, match in [
+        (None, "didn't provide"),
+        ("Basic abc", "Bearer"),
+        ("Bearer ", "Bearer"),
+        ("Bearer sk-2", "Incorrect"),
+    ]:
+        with pytest.raises(Unauthorized, match=match) as err:
+            auth.tenant(header)
+        assert err.value.status == 401
+
+
+def test_no_tenants_means_default_tenant():
+    auth = Authenticator([])
+    assert not auth.enabled
+    assert auth.tenant(None).name == "default"
+    assert auth.tenant("Bearer whatever").name == "default"
