@@ -39,6 +39,17 @@ class EngineConfig(_Strict):
     block_size: PositiveInt | None = None
     max_num_seqs: PositiveInt | None = None
     max_model_len: PositiveInt | None = None
+    # For vLLM's default max_num_seqs when it is not configured: gpu (256), gpu-large
+    # (≥ 70 GiB, not A100: 1024), cpu or cpu:<world size> (128 × world size).
+    platform: str = "gpu"
+
+    @field_validator("platform")
+    @classmethod
+    def _platform(cls, platform: str) -> str:
+        kind, _, size = platform.partition(":")
+        if platform in ("gpu", "gpu-large", "cpu") or (kind == "cpu" and size.isdigit()):
+            return platform
+        raise ValueError("must be gpu, gpu-large, cpu or cpu:<world size>")
 
     @field_validator("url")
     @classmethod
@@ -151,6 +162,15 @@ class RedisConfig(_Strict):
     local_share: float = Field(default=0.5, gt=0, le=1)
 
 
+class HealthConfig(_Strict):
+    """How engines are watched: `/health` and `/metrics` every `scrape_interval_s`."""
+
+    scrape_interval_s: float = Field(default=1.0, gt=0)
+    timeout_s: float = Field(default=2.0, gt=0)
+    # An ejected engine is probed again after 1, 2, 4 … scrape intervals, at most this long.
+    backoff_max_s: float = Field(default=30.0, gt=0)
+
+
 class GatewayConfig(_Strict):
     engines: list[EngineConfig] = Field(min_length=1)
     models: list[ModelConfig] = Field(default_factory=list)
@@ -158,6 +178,7 @@ class GatewayConfig(_Strict):
     admission: AdmissionConfig = AdmissionConfig()
     routing: RoutingConfig = RoutingConfig()
     upstream: UpstreamConfig = UpstreamConfig()
+    health: HealthConfig = HealthConfig()
     tenants: list[TenantConfig] = Field(default_factory=list)
     redis: RedisConfig | None = None
 

@@ -10,6 +10,7 @@ from gateway.auth import Authenticator
 from gateway.config import GatewayConfig
 from gateway.core.retry import ReleaseRate
 from gateway.core.routing import Router
+from gateway.engines.monitor import EngineMonitor
 from gateway.engines.pool import EnginePool
 from gateway.engines.setup import resolve_engines
 from gateway.proxy import Upstream
@@ -32,8 +33,10 @@ class Runtime:
     scheduler: Scheduler
     service: Service
     auth: Authenticator
+    monitor: EngineMonitor
 
     async def aclose(self) -> None:
+        await self.monitor.stop()
         await self.store.close()
         await self.upstream.aclose()
 
@@ -74,4 +77,8 @@ async def build_runtime(cfg: GatewayConfig) -> Runtime:
     service = Service(
         pool=pool, scheduler=scheduler, counters=counters, kv_ceiling=cfg.admission.kv_ceiling
     )
-    return Runtime(cfg, upstream, pool, store, scheduler, service, Authenticator(cfg.tenants))
+    monitor = EngineMonitor(pool, upstream.client, cfg.health)
+    monitor.start()
+    return Runtime(
+        cfg, upstream, pool, store, scheduler, service, Authenticator(cfg.tenants), monitor
+    )

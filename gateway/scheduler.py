@@ -17,7 +17,7 @@ from gateway.core.retry import ReleaseRate, RetryAdvice, advise_retry
 from gateway.core.routing import Candidate
 from gateway.core.types import EngineLoad, Footprint, TenantPolicy
 from gateway.engines.pool import EnginePool
-from gateway.errors import RateLimited
+from gateway.errors import NoEngine, RateLimited
 from gateway.state.base import (
     DEFAULT_TENANT,
     AdmissionAsk,
@@ -84,7 +84,9 @@ class Scheduler:
         self.clock = clock
 
     async def admit(self, ask: Ask) -> Lease:
-        """A lease on some engine, after waiting if needed; raises `RateLimited` (429)."""
+        """A lease on some engine, after waiting if needed; raises `RateLimited` (429), or
+        `NoEngine` (503) when none of the request's engines is healthy."""
+        self._require_healthy(ask)
         first = await self._try(ask, queued=False)
         if isinstance(first, Lease):
             return first
@@ -108,6 +110,7 @@ class Scheduler:
                     placed = True
                     return result
                 await self._refuse_unless_waitable(ask, result)
+                self._require_healthy(ask)
                 remaining = deadline - self.clock()
                 if remaining <= 0:
                     raise RateLimited(
@@ -128,6 +131,17 @@ class Scheduler:
         """Give a lease back (idempotent); waiters anywhere are told by the store."""
         if await self.store.release(lease, used_tokens):
             self.rate.record(self.clock(), lease.blocks)
+
+    def _require_healthy(self, ask: Ask) -> None:
+        states = [self.pool.get(name) for name in ask.engines]
+        if not any(s is not None and s.healthy for s in states):
+            raise NoEngine(
+                "No healthy engine can serve this request now: "
+                + "; ".join(
+                    f"{s.spec.name}: {s.last_error or 'unhealthy'}" for s in states if s is not None
+                ),
+                headers={"retry-after": "1"},
+            )
 
     async def _abandon(self, ask_id: str) -> None:
         await self.store.dequeue(ask_id)

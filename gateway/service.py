@@ -6,6 +6,7 @@ hands the lease back with `release` in `finally`, whatever happened.
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -24,7 +25,11 @@ from gateway.tokens.protocol import TokenCounter, prompt_token_counts
 class Admitted:
     lease: Lease
     engine: EngineSpec
-    prompt_tokens: int
+    shape: RequestShape
+
+    @property
+    def prompt_tokens(self) -> int:
+        return sum(self.shape.prompt_tokens) * self.shape.n
 
 
 class Service:
@@ -42,25 +47,35 @@ class Service:
         self.kv_ceiling = kv_ceiling
 
     async def admit(
-        self, inbound: Inbound, request_id: str, tenant: TenantPolicy = DEFAULT_TENANT
+        self,
+        inbound: Inbound,
+        tenant: TenantPolicy = DEFAULT_TENANT,
+        *,
+        exclude: frozenset[str] = frozenset(),
+        shape: RequestShape | None = None,
     ) -> Admitted:
-        """A lease on an engine for this request; raises a `GatewayError` otherwise."""
-        engines = [e.spec for e in self.pool.serving(inbound.model)]
-        if not engines:
+        """A lease on an engine for this request (not on `exclude`); raises a `GatewayError`
+        otherwise. Pass the `shape` of an earlier admission to skip counting again."""
+        serving = self.pool.serving(inbound.model)
+        if not serving:
             raise ModelNotFound(f"The model `{inbound.model}` does not exist.", param="model")
-        shape = await self.shape(inbound)
+        engines = [e.spec for e in serving if e.spec.name not in exclude]
+        if not engines:
+            raise UpstreamUnavailable(f"no other engine serves `{inbound.model}`")
+        if shape is None:
+            shape = await self.shape(inbound)
         placement = place(shape, engines, self.kv_ceiling)
         if isinstance(placement, NeverFits):
             raise ContextOverflow(placement.message, param=placement.param)
         ask = Ask(
-            id=request_id,
+            id=uuid.uuid4().hex,
             needs=placement.needs,
             tenant=tenant,
             tokens=max(need.tokens for need in placement.needs.values()),
             tenant_max_blocks=self._share_blocks(tenant),
         )
         lease = await self.scheduler.admit(ask)
-        return Admitted(lease, self.spec(lease.engine), sum(shape.prompt_tokens) * shape.n)
+        return Admitted(lease, self.spec(lease.engine), shape)
 
     async def release(self, lease: Lease, used_tokens: int | None = None) -> None:
         await self.scheduler.release(lease, used_tokens)

@@ -46,8 +46,7 @@ def most_free_blocks(candidate: Candidate, kv_ceiling: float) -> float:
 
 def fewest_running(candidate: Candidate, kv_ceiling: float) -> float:
     """Fewer sequences running (reserved or reported) is better."""
-    view = candidate.view
-    return -float(view.load.reserved_seqs + view.external_seqs)
+    return -float(candidate.view.running)
 
 
 def lowest_kv_fraction(candidate: Candidate, kv_ceiling: float) -> float:

@@ -12,8 +12,9 @@ from dataclasses import dataclass
 class EngineSpec:
     """What one vLLM engine can hold.
 
-    `num_gpu_blocks` is vLLM's figure (`vllm:cache_config_info`); vLLM keeps one of them as
-    the "null block", so `usable_blocks` is one less. `models` are the model ids it serves.
+    `num_gpu_blocks` is vLLM's figure (`vllm:cache_config_info`, summed over `dp_size`
+    data-parallel ranks); vLLM keeps one block per rank as the "null block". `max_num_seqs`
+    is the engine's total (per-rank value × ranks). `models` are the model ids it serves.
     """
 
     name: str
@@ -23,11 +24,13 @@ class EngineSpec:
     block_size: int
     max_num_seqs: int
     max_model_len: int
+    dp_size: int = 1
 
     @property
     def usable_blocks(self) -> int:
-        """Blocks requests can get: vLLM's block pool holds block 0 back as the null block."""
-        return max(0, self.num_gpu_blocks - 1)
+        """Blocks requests can get: each rank's block pool holds block 0 back as its null
+        block. (`num_gpu_blocks` is vLLM's figure, summed over data-parallel ranks.)"""
+        return max(0, self.num_gpu_blocks - self.dp_size)
 
     def capacity_blocks(self, kv_ceiling: float) -> int:
         """The most blocks the gateway lets reservations hold on this engine."""
@@ -44,23 +47,36 @@ class EngineLoad:
 
 @dataclass(frozen=True, slots=True)
 class EngineView:
-    """An engine as routing sees it at one instant: its spec, the gateway's reservations on
-    it, and whether it may take traffic. `external_blocks` are blocks the engine reports in
-    use beyond the gateway's own reservations (traffic around the gateway); 0 until the
-    engine is scraped."""
+    """An engine as routing sees it at one instant.
+
+    `load` is what the gateway has reserved on it (on every replica); `reported_blocks` and
+    `reported_seqs` are what the engine itself last reported in use (`kv_cache_usage_perc` ×
+    usable blocks; running + waiting requests), 0 until it has been scraped.
+
+    Free capacity counts whichever is larger: the engine cannot have less in use than the
+    gateway reserved (reservations are worst case), and anything it reports beyond that is
+    traffic that went around the gateway or requests in the engine's own queue:
+
+        free_blocks = floor(kv_ceiling × usable_blocks) − max(reserved_blocks, reported_blocks)
+        free_seqs   = max_num_seqs − max(reserved_seqs, reported_seqs)
+    """
 
     spec: EngineSpec
     load: EngineLoad
     healthy: bool = True
-    external_blocks: int = 0
-    external_seqs: int = 0
+    reported_blocks: int = 0
+    reported_seqs: int = 0
 
     def free_blocks(self, kv_ceiling: float) -> int:
-        used = self.load.reserved_blocks + self.external_blocks
+        used = max(self.load.reserved_blocks, self.reported_blocks)
         return self.spec.capacity_blocks(kv_ceiling) - used
 
     def free_seqs(self) -> int:
-        return self.spec.max_num_seqs - self.load.reserved_seqs - self.external_seqs
+        return self.spec.max_num_seqs - max(self.load.reserved_seqs, self.reported_seqs)
+
+    @property
+    def running(self) -> int:
+        return max(self.load.reserved_seqs, self.reported_seqs)
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,32 +1,54 @@
-"""The engines the gateway fronts: their specs, health, and what they report.
+"""The engines the gateway fronts: their specs, health, and what they last reported.
 
-For now specs come from the configuration (and discovery at start-up); scraping and health
-checks update the same pool, so routing always reads one place.
+Start-up discovery fills the specs; the monitor (`engines/monitor.py`) keeps health and the
+engines' own figures current; routing reads views from here. One place, one truth.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import logging
+from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 from gateway.core.types import EngineLoad, EngineSpec, EngineView
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
 class EngineState:
     spec: EngineSpec
-    healthy: bool = True
-    external_blocks: int = 0
-    external_seqs: int = 0
     sources: dict[str, str] = field(default_factory=dict)
+    healthy: bool = True
+    # What the engine reported at its last scrape (None until scraped).
+    used_blocks: int | None = None
+    running: int | None = None
+    waiting: int | None = None
+    kv_cache_usage: float | None = None
+    preemptions: int | None = None
+    last_scrape: float | None = None
+    # Health bookkeeping.
+    failures: int = 0
+    last_error: str | None = None
+    next_probe_at: float = 0.0
+
+    @property
+    def reported_seqs(self) -> int:
+        return (self.running or 0) + (self.waiting or 0)
 
 
 class EnginePool:
-    def __init__(self, specs: list[EngineSpec], sources: dict[str, dict[str, str]] | None = None):
+    def __init__(
+        self, specs: list[EngineSpec], sources: dict[str, dict[str, str]] | None = None
+    ) -> None:
         self._engines: dict[str, EngineState] = {
-            s.name: EngineState(spec=s, sources=(sources or {}).get(s.name, {})) for s in specs
+            s.name: EngineState(spec=s, sources=dict((sources or {}).get(s.name, {})))
+            for s in specs
         }
 
-    def __iter__(self):  # type: ignore[no-untyped-def]
+    def __iter__(self) -> Iterator[EngineState]:
         return iter(self._engines.values())
 
     def get(self, name: str) -> EngineState | None:
@@ -49,6 +71,39 @@ class EnginePool:
             spec=e.spec,
             load=load,
             healthy=e.healthy,
-            external_blocks=e.external_blocks,
-            external_seqs=e.external_seqs,
+            reported_blocks=e.used_blocks or 0,
+            reported_seqs=e.reported_seqs,
         )
+
+    def mark_unhealthy(self, name: str, reason: str, *, retry_at: float) -> None:
+        e = self._engines[name]
+        if e.healthy:
+            log.warning("engine %s ejected from routing: %s", name, reason)
+        e.healthy = False
+        e.failures += 1
+        e.last_error = reason
+        e.next_probe_at = retry_at
+        # Its figures are no longer known.
+        e.used_blocks = e.running = e.waiting = None
+
+    def mark_healthy(self, name: str) -> None:
+        e = self._engines[name]
+        if not e.healthy:
+            log.warning("engine %s readmitted after %d failed probe(s)", name, e.failures)
+        e.healthy = True
+        e.failures = 0
+        e.last_error = None
+        e.next_probe_at = 0.0
+
+    def update_spec(self, name: str, source: str, **changes: Any) -> None:
+        """The engine now reports other numbers (e.g. restarted with another KV size)."""
+        e = self._engines[name]
+        changed = {k: v for k, v in changes.items() if getattr(e.spec, k) != v}
+        if not changed:
+            return
+        for key, value in changed.items():
+            log.warning(
+                "engine %s: %s changed %s → %s (%s)", name, key, getattr(e.spec, key), value, source
+            )
+            e.sources[key] = source
+        e.spec = dataclasses.replace(e.spec, **changed)

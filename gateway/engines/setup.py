@@ -29,9 +29,7 @@ def _needs_discovery(e: EngineConfig) -> bool:
     return e.models is None or None in (e.num_gpu_blocks, e.block_size, e.max_model_len)
 
 
-async def resolve_engine(
-    e: EngineConfig, client: httpx.AsyncClient, platform: str = "gpu"
-) -> tuple[EngineSpec, Sources]:
+async def resolve_engine(e: EngineConfig, client: httpx.AsyncClient) -> tuple[EngineSpec, Sources]:
     discovered: DiscoveredEngine | None = None
     if _needs_discovery(e):
         discovered = await discover(client, e.url)
@@ -41,7 +39,7 @@ async def resolve_engine(
         "max_num_seqs": e.max_num_seqs,
         "max_model_len": e.max_model_len,
     }
-    values, sources = resolve_engine_limits(configured, discovered, platform)
+    values, sources = resolve_engine_limits(configured, discovered, e.platform)
     if e.models is not None:
         models, sources["models"] = frozenset(e.models), "config"
     else:
@@ -55,8 +53,10 @@ async def resolve_engine(
         models=models,
         num_gpu_blocks=values["num_gpu_blocks"],
         block_size=values["block_size"],
-        max_num_seqs=values["max_num_seqs"],
+        # vLLM's max_num_seqs is per data-parallel rank; each rank schedules its own.
+        max_num_seqs=values["max_num_seqs"] * values["dp_size"],
         max_model_len=values["max_model_len"],
+        dp_size=values["dp_size"],
     )
     for key in ("models", "num_gpu_blocks", "block_size", "max_num_seqs", "max_model_len"):
         value = sorted(models) if key == "models" else values[key]

@@ -46,6 +46,18 @@ async def health(request: Request) -> Response:
     return JSONResponse({"status": "ok"})
 
 
+async def ready(request: Request) -> Response:
+    """Ready when every served model has at least one healthy engine."""
+    runtime = _runtime(request)
+    models = {
+        m: [e.spec.name for e in runtime.pool.serving(m) if e.healthy]
+        for m in runtime.pool.models()
+    }
+    missing = sorted(m for m, engines in models.items() if not engines)
+    body = {"status": "not ready" if missing else "ready", "models": models, "unserved": missing}
+    return JSONResponse(body, status_code=503 if missing else 200)
+
+
 async def status(request: Request) -> Response:
     """What the gateway believes: engines (with where each value came from), loads, queue."""
     runtime = _runtime(request)
@@ -60,6 +72,14 @@ async def status(request: Request) -> Response:
                 "url": spec.url,
                 "models": sorted(spec.models),
                 "healthy": state.healthy,
+                "last_error": state.last_error,
+                "reported": {
+                    "used_blocks": state.used_blocks,
+                    "running": state.running,
+                    "waiting": state.waiting,
+                    "kv_cache_usage": state.kv_cache_usage,
+                    "num_preemptions": state.preemptions,
+                },
                 "num_gpu_blocks": spec.num_gpu_blocks,
                 "block_size": spec.block_size,
                 "max_num_seqs": spec.max_num_seqs,
@@ -102,6 +122,7 @@ def create_app(cfg: GatewayConfig, runtime: Runtime | None = None) -> Starlette:
         Route("/v1/completions", CompletionsEndpoint("completion"), methods=["POST"]),
         Route("/v1/models", list_models, methods=["GET"]),
         Route("/health", health, methods=["GET"]),
+        Route("/ready", ready, methods=["GET"]),
         Route("/admin/status", status, methods=["GET"]),
     ]
     return Starlette(

@@ -79,12 +79,26 @@ class CompletionsEndpoint:
             tenant = runtime.auth.tenant(auth)
             inbound = parse_body(body, self.kind)
             streaming = inbound.stream
-            admitted = await runtime.service.admit(inbound, request_id, tenant)
+            admitted = await runtime.service.admit(inbound, tenant)
             lease, engine = admitted.lease, admitted.engine
+            try:
+                response = await runtime.upstream.open(
+                    engine.url, self.path, body, _upstream_headers(request_id)
+                )
+            except UpstreamUnavailable as e:
+                # Nothing reached the client yet: eject the engine, move the reservation to
+                # another engine (released first, never counted twice) and try once more.
+                runtime.monitor.eject(engine.name, e.message)
+                await runtime.service.release(lease)
+                lease = None
+                admitted = await runtime.service.admit(
+                    inbound, tenant, exclude=frozenset({engine.name}), shape=admitted.shape
+                )
+                lease, engine = admitted.lease, admitted.engine
+                response = await runtime.upstream.open(
+                    engine.url, self.path, body, _upstream_headers(request_id)
+                )
             meter = UsageMeter(streaming=streaming, prompt_tokens=admitted.prompt_tokens)
-            response = await runtime.upstream.open(
-                engine.url, self.path, body, _upstream_headers(request_id)
-            )
             try:
                 if response.status_code >= 500:
                     text = (await response.aread()).decode(errors="replace")[:500]

@@ -10,8 +10,8 @@ def spec(name, blocks=101, seqs=8):
     return EngineSpec(name, f"http://{name}", frozenset({"m"}), blocks, 16, seqs, 2048)
 
 
-def cand(name, reserved=0, running=0, need=10, blocks=101, seqs=8, healthy=True, external=0):
-    view = EngineView(spec(name, blocks, seqs), EngineLoad(reserved, running), healthy, external)
+def cand(name, reserved=0, running=0, need=10, blocks=101, seqs=8, healthy=True, reported=0):
+    view = EngineView(spec(name, blocks, seqs), EngineLoad(reserved, running), healthy, reported)
     return Candidate(view, Footprint(blocks=need, seqs=1, tokens=need * 16))
 
 
@@ -37,7 +37,9 @@ def test_tie_broken_by_fewer_running_then_chooser():
         (cand("a", reserved=91, need=10), False),
         (cand("a", running=8), False),  # max_num_seqs reached
         (cand("a", healthy=False), False),
-        (cand("a", external=95, need=10), False),  # traffic around the gateway counts
+        (cand("a", reported=95, need=10), False),  # traffic around the gateway counts
+        (cand("a", reserved=90, reported=50, need=10), True),  # reported < reserved: reserved
+        (cand("a", reserved=50, reported=91, need=10), False),  # reported > reserved: reported
     ],
 )
 def test_fits(candidate, ok):

@@ -1,0 +1,128 @@
+"""Watching the engines: `/health` and `/metrics` every `scrape_interval_s`.
+
+A probe that fails (connection refused, timeout, `/health` not 200, a page that does not
+parse) ejects the engine from routing at once; it is probed again after 1, 2, 4 … scrape
+intervals (at most `backoff_max_s`) and readmitted on the first success, after a fresh
+discovery — so an engine restarted with another KV size or context length is picked up
+without restarting the gateway. A healthy engine's scrape refreshes what it reports in use
+(blocks, running, waiting) and notices a change of its KV geometry. Waiting requests look at
+the pool again at least every `scheduler.POLL_S`, so they see these changes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+
+import httpx
+
+from gateway.config import HealthConfig
+from gateway.engines.discovery import DiscoveryError, discover
+from gateway.engines.metrics import MetricsParseError, parse_page
+from gateway.engines.pool import EnginePool, EngineState
+
+log = logging.getLogger(__name__)
+
+
+def backoff_s(failures: int, interval_s: float, max_s: float) -> float:
+    """Delay before the next probe of an engine that failed `failures` times in a row."""
+    return float(min(max_s, interval_s * 2 ** max(0, failures - 1)))
+
+
+class EngineMonitor:
+    def __init__(
+        self,
+        pool: EnginePool,
+        client: httpx.AsyncClient,
+        cfg: HealthConfig,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.pool = pool
+        self.client = client
+        self.cfg = cfg
+        self.clock = clock
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name="engine-monitor")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    async def _run(self) -> None:
+        while True:
+            started = self.clock()
+            await self.probe_all()
+            await asyncio.sleep(max(0.0, self.cfg.scrape_interval_s - (self.clock() - started)))
+
+    async def probe_all(self) -> None:
+        now = self.clock()
+        due = [e for e in self.pool if e.healthy or now >= e.next_probe_at]
+        await asyncio.gather(*(self.probe(e) for e in due))
+
+    def eject(self, name: str, reason: str) -> None:
+        """Take an engine out of routing now (a probe, or the proxy, saw it fail)."""
+        state = self.pool.get(name)
+        if state is None:
+            return
+        delay = backoff_s(state.failures + 1, self.cfg.scrape_interval_s, self.cfg.backoff_max_s)
+        self.pool.mark_unhealthy(name, reason, retry_at=self.clock() + delay)
+
+    async def probe(self, state: EngineState) -> None:
+        name, url = state.spec.name, state.spec.url
+        try:
+            async with asyncio.timeout(self.cfg.timeout_s):
+                health = await self.client.get(url + "/health")
+                if health.status_code != 200:
+                    raise DiscoveryError(url, f"/health answered {health.status_code}")
+                if not state.healthy:
+                    await self._rediscover(state)
+                page = parse_page((await self.client.get(url + "/metrics")).text)
+        except TimeoutError:
+            self.eject(name, f"no answer within {self.cfg.timeout_s:g} s")
+            return
+        except (httpx.HTTPError, DiscoveryError, MetricsParseError) as e:
+            self.eject(name, f"{type(e).__name__}: {e}")
+            return
+        was_healthy = state.healthy
+        if page.cache is not None:
+            geometry = {
+                "num_gpu_blocks": page.cache.num_gpu_blocks,
+                "block_size": page.cache.block_size,
+                "dp_size": page.cache.dp_size,
+            }
+            configured = _configured(state)
+            self.pool.update_spec(
+                name,
+                "discovered:/metrics",
+                **{k: v for k, v in geometry.items() if k not in configured},
+            )
+        models = [m for m in page.models.values() if m.model_name in state.spec.models]
+        state.running = sum(m.num_requests_running for m in models)
+        state.waiting = sum(m.num_requests_waiting for m in models)
+        state.used_blocks = max((m.used_blocks or 0 for m in models), default=0)
+        state.kv_cache_usage = max((m.kv_cache_usage for m in models), default=0.0)
+        state.preemptions = sum(m.num_preemptions_total for m in models)
+        state.last_scrape = self.clock()
+        if not was_healthy:
+            self.pool.mark_healthy(name)
+
+    async def _rediscover(self, state: EngineState) -> None:
+        found = await discover(self.client, state.spec.url)
+        changes: dict[str, object] = {}
+        if found.max_model_len is not None and "max_model_len" not in _configured(state):
+            changes["max_model_len"] = found.max_model_len
+        if found.model_ids and state.sources.get("models") != "config":
+            changes["models"] = frozenset(found.model_ids)
+        if changes:
+            self.pool.update_spec(state.spec.name, "rediscovered", **changes)
+
+
+def _configured(state: EngineState) -> set[str]:
+    return {k for k, v in state.sources.items() if v == "config"}
