@@ -1,6 +1,9 @@
 """In-process state: the embedded default when no Redis is configured.
 
 Atomic because nothing between reading and writing state awaits: one event loop, one step.
+The rules are the pure core's: tenant limits from `gateway.core.tenants`, the order of the
+waiting line from `gateway.core.fairqueue`. Leases live as long as the process (there is no
+other replica to fail), queue entries until `max_wait_s` after they joined.
 """
 
 from __future__ import annotations
@@ -8,10 +11,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
-from collections.abc import Sequence
-from dataclasses import replace
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 
+from gateway.core import tenants
+from gateway.core.fairqueue import FairQueue
 from gateway.core.routing import Candidate, Chooser, Router
+from gateway.core.tenants import TenantUsage
 from gateway.core.types import EngineLoad, TenantPolicy
 from gateway.state.base import (
     AdmissionAsk,
@@ -21,29 +28,66 @@ from gateway.state.base import (
     RateLimitState,
     Refusal,
 )
+from gateway.state.totals import StoreTotals
+
+
+@dataclass(frozen=True, slots=True)
+class _Held:
+    lease: Lease
+    policy: TenantPolicy  # as at admission: refunds are capped by its TPM
 
 
 class InMemoryStore:
-    def __init__(self, router: Router, chooser: Chooser | None = None) -> None:
+    def __init__(
+        self,
+        router: Router,
+        chooser: Chooser | None = None,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self._router = router
         self._chooser: Chooser = chooser or random.Random()
-        self._leases: dict[str, Lease] = {}
+        self._clock = clock
+        self._held: dict[str, _Held] = {}
         self._loads: dict[str, EngineLoad] = {}
-        self._queue: dict[str, QueueEntry] = {}  # in order of service (FIFO here)
+        self._tenants: dict[str, TenantUsage] = {}
+        self._line = FairQueue()
         self._changed = asyncio.Event()
 
     async def try_admit(self, ask: AdmissionAsk) -> Lease | Refusal:
-        if ask.lease_id in self._leases:
+        if ask.lease_id in self._held:
             raise KeyError(f"lease {ask.lease_id} already exists")
+        now = self._expire()
+        policy = ask.tenant
+        usage = self._tenants.get(policy.name, TenantUsage())
+        refused = tenants.check_rates(
+            usage,
+            max_concurrency=policy.max_concurrency,
+            rpm=policy.rpm,
+            tpm=policy.tpm,
+            tokens=ask.tokens,
+            now=now,
+        )
+        if refused is not None:
+            return Refusal(refused.code, refused.retry_after_s)
+        within_share = [
+            c
+            for c in ask.candidates
+            if tenants.share_allows(usage, c.need.blocks, ask.tenant_max_blocks)
+        ]
+        if ask.candidates and not within_share:
+            return Refusal("tenant_kv_share")
+        own = self._line.get(ask.lease_id) if ask.queued else None
+        key = own.key if own else self._line.newcomer_key(policy.name, policy.priority)
         engines = frozenset(c.view.spec.name for c in ask.candidates)
-        if self._someone_ahead(ask.lease_id if ask.queued else None, engines):
+        if self._line.blocked(key, engines, own_id=ask.lease_id):
             return Refusal("queued_ahead")
         views = [
             Candidate(
                 view=replace(c.view, load=self._loads.get(c.view.spec.name, EngineLoad())),
                 need=c.need,
             )
-            for c in ask.candidates
+            for c in within_share
         ]
         chosen = self._router.pick(views, ask.kv_ceiling, self._chooser)
         if chosen is None:
@@ -53,20 +97,38 @@ class InMemoryStore:
             engine=chosen.view.spec.name,
             blocks=chosen.need.blocks,
             seqs=chosen.need.seqs,
-            tenant=ask.tenant.name,
+            tenant=policy.name,
             tokens=ask.tokens,
         )
-        self._leases[lease.id] = lease
+        self._held[lease.id] = _Held(lease, policy)
         self._add(lease.engine, lease.blocks, lease.seqs)
-        if self._queue.pop(ask.lease_id, None) is not None:
+        self._tenants[policy.name] = tenants.charge(
+            usage, rpm=policy.rpm, tpm=policy.tpm, blocks=lease.blocks, tokens=ask.tokens, now=now
+        )
+        if self._line.serve(ask.lease_id) is not None:
             self._notify()  # the line moved: those behind may now go
+        else:
+            self._line.charge(policy.name, policy.priority, policy.weight, lease.blocks)
         return lease
 
     async def release(self, lease: Lease, used_tokens: int | None = None) -> bool:
-        held = self._leases.pop(lease.id, None)
+        held = self._held.pop(lease.id, None)
         if held is None:
             return False
-        self._add(held.engine, -held.blocks, -held.seqs)
+        got = held.lease
+        self._add(got.engine, -got.blocks, -got.seqs)
+        rpm, tpm, now = held.policy.rpm, held.policy.tpm, self._clock()
+        usage = self._tenants.get(got.tenant, TenantUsage())
+        usage = tenants.release(
+            usage, tpm=tpm, blocks=got.blocks, charged=got.tokens, used=used_tokens, now=now
+        )
+        # Forget tenants holding nothing with full buckets: the map stays small, and a
+        # forgotten tenant is exactly a fresh one.
+        usage = tenants.forget_full(usage, rpm=rpm, tpm=tpm, now=now)
+        if usage == TenantUsage():
+            self._tenants.pop(got.tenant, None)
+        else:
+            self._tenants[got.tenant] = usage
         self._notify()
         return True
 
@@ -74,23 +136,48 @@ class InMemoryStore:
         return None  # in-process leases live exactly as long as the process
 
     async def enqueue(self, entry: QueueEntry, max_length: int) -> QueueVerdict:
-        if len(self._queue) >= max_length:
+        now = self._expire()
+        if entry.id in self._line:
+            return "queued"
+        if len(self._line) >= max_length:
             return "queue_full"
-        self._queue[entry.id] = entry
+        cap = entry.tenant_max_queued
+        if cap is not None and self._line.count(entry.tenant.name) >= cap:
+            return "tenant_queue_full"
+        self._line.push(
+            entry.id,
+            tenant=entry.tenant.name,
+            priority=entry.tenant.priority,
+            weight=entry.tenant.weight,
+            engines=entry.engines,
+            blocks=entry.blocks,
+            expires_at=now + entry.max_wait_s,
+        )
         return "queued"
 
     async def dequeue(self, entry_id: str) -> None:
-        if self._queue.pop(entry_id, None) is not None:
+        if self._line.leave(entry_id) is not None:
             self._notify()
 
     async def queue_length(self) -> int:
-        return len(self._queue)
+        self._expire()
+        return len(self._line)
 
     async def blocks_ahead(self, engines: frozenset[str]) -> int:
-        return sum(e.blocks for e in self._queue.values() if e.engines & engines)
+        self._expire()
+        return self._line.blocks_ahead(engines)
 
     async def rate_limits(self, tenant: TenantPolicy) -> RateLimitState:
-        return RateLimitState()
+        usage = self._tenants.get(tenant.name, TenantUsage())
+        values = tenants.rate_limit_values(usage, rpm=tenant.rpm, tpm=tenant.tpm, now=self._clock())
+        return RateLimitState(
+            limit_requests=values.limit_requests,
+            remaining_requests=values.remaining_requests,
+            reset_requests_s=values.reset_requests_s,
+            limit_tokens=values.limit_tokens,
+            remaining_tokens=values.remaining_tokens,
+            reset_tokens_s=values.reset_tokens_s,
+        )
 
     async def loads(self) -> dict[str, EngineLoad]:
         return dict(self._loads)
@@ -103,13 +190,25 @@ class InMemoryStore:
     async def close(self) -> None:
         self._notify()
 
-    def _someone_ahead(self, own_id: str | None, engines: frozenset[str]) -> bool:
-        for entry in self._queue.values():
-            if entry.id == own_id:
-                return False
-            if entry.engines & engines:
-                return True
-        return False
+    async def totals(self) -> StoreTotals:
+        """Everything held right now (not part of the port: tests and metrics)."""
+        self._expire()
+        return StoreTotals(
+            leases=len(self._held),
+            queued=len(self._line),
+            reserved_blocks=sum(v.reserved_blocks for v in self._loads.values()),
+            reserved_seqs=sum(v.reserved_seqs for v in self._loads.values()),
+            tenant_in_flight={t: u.in_flight for t, u in self._tenants.items() if u.in_flight},
+            tenant_blocks={t: u.blocks for t, u in self._tenants.items() if u.blocks},
+        )
+
+    def _expire(self) -> float:
+        """Drop queue entries whose time is up (a waiter that crashed never blocks the line
+        for longer than its `max_wait_s`); returns the time used."""
+        now = self._clock()
+        if self._line.expire(now):
+            self._notify()
+        return now
 
     def _notify(self) -> None:
         self._changed.set()

@@ -1,0 +1,181 @@
+"""The order of the waiting line: priority classes, then weighted fair sharing, then arrival.
+
+Start-time fair queuing (Goyal et al., 1996), charged by KV blocks:
+
+- Priority classes are served strictly in order: higher `priority` first.
+- Within a class every tenant has a *finish tag*. An entry of tenant t gets
+  `start = max(V, F_t)` and `finish = start + blocks / weight`, and the line is ordered by
+  `(−priority, start, arrival)`. `V`, the class's virtual time, is the smallest start tag
+  queued in the class (the entry "in service" in SFQ terms), or — with nothing queued — the
+  largest start tag ever served there.
+- `F_t` is the larger of the finish tag of the tenant's last *served* entry and the finish
+  tag of its last *queued* entry: an entry that leaves without being served (timeout, client
+  gone) leaves no trace, so abandoned requests cost a tenant nothing.
+- Admissions that never queued are charged too (`charge`), so a tenant that just took a
+  burst of capacity directly goes behind the others when the line forms.
+
+Consequences the tests pin down: a tenant flooding the line only lengthens its own run of
+tags, so another tenant's new entry lands at most one entry of the flooder behind the head
+(plus what its own recent consumption earns it); over any stretch in which two tenants both
+wait, their served blocks divided by weight differ by at most one largest entry each.
+
+Pure: no clock (expiry times are passed in), no randomness, no I/O. The Redis adapter
+implements the same rules in Lua; the conformance suite checks that they agree.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+PRIORITY_LIMIT = 10**9
+"""|priority| must stay below this (the Redis adapter encodes it in fixed width)."""
+
+NEWCOMER_SEQ = 2**62
+"""The arrival number of an ask that is not queued yet: after everyone who is."""
+
+Key = tuple[int, float, int]
+"""An entry's place in the line; smaller goes first: (−priority, start tag, arrival)."""
+
+
+def check_policy(priority: int, weight: float) -> None:
+    """Raise ValueError for a priority or weight the line cannot order by."""
+    if not -PRIORITY_LIMIT < priority < PRIORITY_LIMIT:
+        raise ValueError(f"priority must be within ±{PRIORITY_LIMIT}, got {priority}")
+    if not weight > 0:
+        raise ValueError(f"weight must be > 0, got {weight}")
+
+
+@dataclass(frozen=True, slots=True)
+class Waiting:
+    """A queued request with its place in the line."""
+
+    id: str
+    tenant: str
+    priority: int
+    engines: frozenset[str]
+    blocks: int
+    start: float
+    finish: float
+    seq: int
+    expires_at: float
+
+    @property
+    def key(self) -> Key:
+        return (-self.priority, self.start, self.seq)
+
+
+class FairQueue:
+    """The waiting line and the fair-sharing tags. Mutable; one instance per store."""
+
+    def __init__(self) -> None:
+        self._entries: dict[str, Waiting] = {}
+        self._served: dict[tuple[int, str], float] = {}  # (priority, tenant) → finish tag
+        self._idle_v: dict[int, float] = {}  # priority → largest start tag served
+        self._seq = 0
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __contains__(self, entry_id: object) -> bool:
+        return entry_id in self._entries
+
+    def get(self, entry_id: str) -> Waiting | None:
+        return self._entries.get(entry_id)
+
+    def count(self, tenant: str) -> int:
+        return sum(1 for e in self._entries.values() if e.tenant == tenant)
+
+    def in_order(self) -> list[Waiting]:
+        return sorted(self._entries.values(), key=lambda e: e.key)
+
+    def virtual_now(self, priority: int) -> float:
+        starts = [e.start for e in self._entries.values() if e.priority == priority]
+        return min(starts) if starts else self._idle_v.get(priority, 0.0)
+
+    def last_finish(self, tenant: str, priority: int) -> float:
+        queued = [
+            e.finish
+            for e in self._entries.values()
+            if e.tenant == tenant and e.priority == priority
+        ]
+        return max([self._served.get((priority, tenant), 0.0), *queued])
+
+    def start_tag(self, tenant: str, priority: int) -> float:
+        """The start tag a new entry of `tenant` would get now."""
+        return max(self.virtual_now(priority), self.last_finish(tenant, priority))
+
+    def newcomer_key(self, tenant: str, priority: int) -> Key:
+        """Where an ask that is not queued would stand: behind everyone already queued with
+        the same start tag."""
+        return (-priority, self.start_tag(tenant, priority), NEWCOMER_SEQ)
+
+    def push(
+        self,
+        entry_id: str,
+        *,
+        tenant: str,
+        priority: int,
+        weight: float,
+        engines: Iterable[str],
+        blocks: int,
+        expires_at: float,
+    ) -> Waiting:
+        """Join the line. Pushing an id that is already queued returns its entry unchanged."""
+        check_policy(priority, weight)
+        if entry_id in self._entries:
+            return self._entries[entry_id]
+        start = self.start_tag(tenant, priority)
+        self._seq += 1
+        entry = Waiting(
+            id=entry_id,
+            tenant=tenant,
+            priority=priority,
+            engines=frozenset(engines),
+            blocks=blocks,
+            start=start,
+            finish=start + blocks / weight,
+            seq=self._seq,
+            expires_at=expires_at,
+        )
+        self._entries[entry_id] = entry
+        return entry
+
+    def leave(self, entry_id: str) -> Waiting | None:
+        """Leave without being served: the tenant's tags forget the entry."""
+        return self._entries.pop(entry_id, None)
+
+    def serve(self, entry_id: str) -> Waiting | None:
+        """The entry was admitted: its tags become the tenant's and the class's history."""
+        entry = self._entries.pop(entry_id, None)
+        if entry is not None:
+            self._remember(entry.tenant, entry.priority, entry.start, entry.finish)
+        return entry
+
+    def charge(self, tenant: str, priority: int, weight: float, blocks: int) -> None:
+        """An admission that never queued: charge it as if served straight away."""
+        check_policy(priority, weight)
+        start = self.start_tag(tenant, priority)
+        self._remember(tenant, priority, start, start + blocks / weight)
+
+    def expire(self, now: float) -> list[Waiting]:
+        """Remove and return entries whose time is up (they leave without service)."""
+        gone = [e for e in self._entries.values() if e.expires_at <= now]
+        for e in gone:
+            del self._entries[e.id]
+        return gone
+
+    def blocked(self, key: Key, engines: frozenset[str], own_id: str | None = None) -> bool:
+        """True when a queued entry ordered before `key` competes for any of `engines`."""
+        return any(
+            e.key < key and e.engines & engines and e.id != own_id for e in self._entries.values()
+        )
+
+    def blocks_ahead(self, engines: frozenset[str]) -> int:
+        """Blocks wanted by queued entries competing for any of `engines`."""
+        return sum(e.blocks for e in self._entries.values() if e.engines & engines)
+
+    def _remember(self, tenant: str, priority: int, start: float, finish: float) -> None:
+        key = (priority, tenant)
+        self._served[key] = max(self._served.get(key, 0.0), finish)
+        self._idle_v[priority] = max(self._idle_v.get(priority, 0.0), start)
