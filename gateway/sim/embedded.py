@@ -25,7 +25,9 @@ async def running_sim(cfg: SimConfig, *, port: int = 0) -> AsyncIterator[str]:
     ``cfg.port`` is ignored: in-process engines are for tests and the demo, which must not
     collide. Yields the base URL (no trailing slash, no ``/v1``).
     """
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    # proto must be IPPROTO_TCP: asyncio sets TCP_NODELAY on accepted sockets only then, and
+    # without it Nagle + delayed ACK add ~40 ms to every response on loopback.
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((cfg.host, port))
     bound_port = sock.getsockname()[1]
