@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import signal
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import uvicorn
@@ -118,8 +121,27 @@ def run(args: argparse.Namespace) -> int:
         file=sys.stderr,
         flush=True,
     )
-    uvicorn.run(app, host=cfg.host, port=cfg.port, log_level=args.log_level, access_log=False)
+    config = uvicorn.Config(
+        app, host=cfg.host, port=cfg.port, log_level=args.log_level, access_log=False
+    )
+    _GracefulServer(config).run()
     return 0
+
+
+class _GracefulServer(uvicorn.Server):
+    """SIGINT/SIGTERM drain and exit with status 0 (uvicorn would re-raise the signal)."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        previous = {sig: signal.signal(sig, self.handle_exit) for sig in _EXIT_SIGNALS}
+        try:
+            yield
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+
+_EXIT_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
 def main(argv: list[str] | None = None) -> int:
