@@ -167,6 +167,9 @@ class HealthConfig(_Strict):
 
     scrape_interval_s: float = Field(default=1.0, gt=0)
     timeout_s: float = Field(default=2.0, gt=0)
+    # Probes in a row that time out before a routed engine is ejected (refused connections
+    # and failed /health answers eject at once).
+    timeouts_to_eject: int = Field(default=2, ge=1)
     # An ejected engine is probed again after 1, 2, 4 … scrape intervals, at most this long.
     backoff_max_s: float = Field(default=30.0, gt=0)
 

@@ -1,7 +1,8 @@
 """Watching the engines: `/health` and `/metrics` every `scrape_interval_s`.
 
-A probe that fails (connection refused, timeout, `/health` not 200, a page that does not
-parse) ejects the engine from routing at once; it is probed again after 1, 2, 4 … scrape
+A probe that fails (connection refused, `/health` not 200, a page that does not parse)
+ejects the engine from routing at once — a slow answer only after `timeouts_to_eject` in a
+row, since a busy engine may be slow to answer; it is probed again after 1, 2, 4 … scrape
 intervals (at most `backoff_max_s`) and readmitted on the first success, after a fresh
 discovery — so an engine restarted with another KV size or context length is picked up
 without restarting the gateway. A healthy engine's scrape refreshes what it reports in use
@@ -85,12 +86,16 @@ class EngineMonitor:
                     await self._rediscover(state)
                 page = parse_page((await self.client.get(url + "/metrics")).text)
         except TimeoutError:
-            self.eject(name, f"no answer within {self.cfg.timeout_s:g} s")
+            # A slow answer may be a busy engine: eject only after several in a row.
+            state.suspect += 1
+            if not state.healthy or state.suspect >= self.cfg.timeouts_to_eject:
+                self.eject(name, f"no answer within {self.cfg.timeout_s:g} s ({state.suspect}×)")
             return
         except (httpx.HTTPError, DiscoveryError, MetricsParseError) as e:
             self.eject(name, f"{type(e).__name__}: {e}")
             return
         was_healthy = state.healthy
+        state.suspect = 0
         if page.cache is not None:
             geometry = {
                 "num_gpu_blocks": page.cache.num_gpu_blocks,

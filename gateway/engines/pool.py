@@ -31,6 +31,7 @@ class EngineState:
     last_scrape: float | None = None
     # Health bookkeeping.
     failures: int = 0
+    suspect: int = 0  # probes in a row that timed out while the engine was still routed to
     last_error: str | None = None
     next_probe_at: float = 0.0
 
@@ -81,6 +82,7 @@ class EnginePool:
             log.warning("engine %s ejected from routing: %s", name, reason)
         e.healthy = False
         e.failures += 1
+        e.suspect = 0
         e.last_error = reason
         e.next_probe_at = retry_at
         # Its figures are no longer known.

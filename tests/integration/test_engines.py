@@ -1,0 +1,226 @@
+"""Engine awareness through the gateway: discovery, ejection, failover, readmission."""
+
+import asyncio
+import contextlib
+import time
+
+import httpx
+import openai
+import pytest
+
+from gateway.config import parse_config
+from gateway.http.app import create_app
+from gateway.http.embedded import running_app
+from gateway.runtime import build_runtime
+from tests.integration.processes import SimProcess
+
+SIM = dict(
+    block_size=16,
+    max_model_len=512,
+    decode_ms_base=2.0,
+    decode_ms_per_seq=0.05,
+    prefill_ms_per_token=0.001,
+)
+INTERVAL = 0.2
+
+
+@contextlib.asynccontextmanager
+async def gateway(engines, **overrides):
+    raw = {
+        "engines": engines,
+        "models": [{"name": "tiny", "tokenizer": "hf:@tiny"}],
+        "health": {"scrape_interval_s": INTERVAL, "timeout_s": 1.0, "backoff_max_s": 1.0},
+        "routing": {"seed": 1},
+    }
+    raw.update(overrides)
+    cfg = parse_config(raw)
+    runtime = await build_runtime(cfg)
+    async with running_app(create_app(cfg, runtime)) as url:
+        yield url, runtime
+
+
+@contextlib.asynccontextmanager
+async def sims(*flag_sets):
+    procs = [SimProcess(**{**SIM, **flags}) for flags in flag_sets]
+    try:
+        await asyncio.gather(*(p.start() for p in procs))
+        yield procs
+    finally:
+        for p in procs:
+            p.stop()
+
+
+async def status(http, url):
+    return {e["name"]: e for e in (await http.get(url + "/admin/status")).json()["engines"]}
+
+
+async def test_urls_only_config_works_end_to_end():
+    async with (
+        sims({"num_gpu_blocks": 97}) as [a],
+        gateway([{"url": a.url}]) as (url, _),
+        httpx.AsyncClient() as http,
+    ):
+        if True:
+            engine = (await status(http, url))[f"127.0.0.1:{a.port}"]
+            assert (engine["num_gpu_blocks"], engine["block_size"], engine["max_model_len"]) == (
+                97,
+                16,
+                512,
+            )
+            assert engine["sources"]["num_gpu_blocks"] == "discovered:/metrics"
+            assert engine["sources"]["max_model_len"] == "discovered:/v1/models"
+            assert engine["sources"]["max_num_seqs"].startswith("default:")
+            r = await http.post(
+                url + "/v1/completions", json={"model": "tiny", "prompt": "hi", "max_tokens": 4}
+            )
+            assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 4
+            assert (await http.get(url + "/ready")).json()["status"] == "ready"
+
+
+async def test_killed_engine_is_ejected_streams_end_and_queue_moves_on():
+    # a: large, takes the first streams; b: takes over when a dies.
+    async with sims(
+        {"num_gpu_blocks": 129, "max_num_seqs": 4, "decode_ms_base": 8.0},
+        {"num_gpu_blocks": 129, "max_num_seqs": 4},
+    ) as [a, b]:
+        engines = [
+            {"name": "a", "url": a.url, "max_num_seqs": 4},
+            {"name": "b", "url": b.url, "max_num_seqs": 4},
+        ]
+        async with gateway(engines, queue={"max_length": 50, "max_wait_s": 20}) as (url, _):
+            client = openai.AsyncOpenAI(
+                base_url=url + "/v1", api_key="x", max_retries=0, timeout=30
+            )
+
+            async def stream_one(i):
+                raw = await client.completions.with_raw_response.create(
+                    model="tiny",
+                    prompt=f"job {i}",
+                    max_tokens=300,
+                    stream=True,
+                    extra_body={"ignore_eos": True},
+                )
+                engine = raw.headers["x-kv-gateway-engine"]
+                try:
+                    n = 0
+                    async for _ in raw.parse():
+                        n += 1
+                    return engine, "completed", n
+                except openai.APIError as e:
+                    return engine, "error", str(e)
+
+            tasks = [asyncio.create_task(stream_one(i)) for i in range(12)]
+            # Wait until a has streams running, then kill it.
+            async with httpx.AsyncClient() as http:
+                for _ in range(200):
+                    if (await status(http, url))["a"]["reserved_seqs"] >= 2:
+                        break
+                    await asyncio.sleep(0.02)
+                a.kill()
+                killed_at = time.monotonic()
+                for _ in range(200):
+                    if not (await status(http, url))["a"]["healthy"]:
+                        break
+                    await asyncio.sleep(0.02)
+                ejected_after = time.monotonic() - killed_at
+                results = await asyncio.wait_for(asyncio.gather(*tasks), timeout=60)
+                after = await status(http, url)
+            await client.close()
+        assert ejected_after <= 2 * INTERVAL + 0.3, ejected_after
+        on_a = [r for r in results if r[0] == "a"]
+        assert on_a and all(r[1] == "error" for r in on_a)  # streams cut: an error, not a hang
+        assert any(r[1] == "completed" and r[0] == "b" for r in results)
+        assert all(r[1] == "completed" for r in results if r[0] == "b")
+        assert after["a"]["reserved_blocks"] == 0 and after["b"]["reserved_blocks"] == 0
+        assert after["a"]["reserved_seqs"] == 0 and after["b"]["reserved_seqs"] == 0
+
+
+async def test_restarted_engine_is_readmitted_with_its_new_capacity():
+    async with (
+        sims({"num_gpu_blocks": 65}) as [a],
+        gateway([{"name": "a", "url": a.url}]) as (url, _),
+        httpx.AsyncClient() as http,
+    ):
+        a.kill()
+        for _ in range(100):
+            if not (await status(http, url))["a"]["healthy"]:
+                break
+            await asyncio.sleep(0.05)
+        r = await http.post(
+            url + "/v1/completions", json={"model": "tiny", "prompt": "x", "max_tokens": 2}
+        )
+        assert r.status_code == 503 and r.json()["error"]["code"] == "no_healthy_engine"
+        assert (await http.get(url + "/ready")).status_code == 503
+        await a.start(num_gpu_blocks=257)
+        for _ in range(100):
+            engine = (await status(http, url))["a"]
+            if engine["healthy"] and engine["num_gpu_blocks"] == 257:
+                break
+            await asyncio.sleep(0.05)
+        assert engine["healthy"] and engine["num_gpu_blocks"] == 257
+        assert engine["capacity_blocks"] == int(256 * 0.95)
+        r = await http.post(
+            url + "/v1/completions", json={"model": "tiny", "prompt": "x", "max_tokens": 2}
+        )
+        assert r.status_code == 200
+
+
+async def test_load_around_the_gateway_steers_routing_away():
+    async with sims({"num_gpu_blocks": 129, "decode_ms_base": 5.0}, {"num_gpu_blocks": 129}) as [
+        a,
+        b,
+    ]:
+        engines = [{"name": "a", "url": a.url}, {"name": "b", "url": b.url}]
+        async with gateway(engines) as (url, _), httpx.AsyncClient(timeout=30) as http:
+            # Fill a directly, bypassing the gateway: 10 requests of ~10 blocks.
+            direct = [
+                asyncio.create_task(
+                    http.post(
+                        a.url + "/v1/completions",
+                        json={
+                            "model": "tiny",
+                            "prompt": "side load",
+                            "max_tokens": 400,
+                            "ignore_eos": True,
+                        },
+                    )
+                )
+                for _ in range(10)
+            ]
+            for _ in range(100):
+                if ((await status(http, url))["a"]["reported"]["used_blocks"] or 0) >= 40:
+                    break
+                await asyncio.sleep(0.05)
+            assert (await status(http, url))["a"]["reported"]["used_blocks"] >= 40
+            picked = []
+            for _ in range(6):
+                r = await http.post(
+                    url + "/v1/completions", json={"model": "tiny", "prompt": "x", "max_tokens": 2}
+                )
+                picked.append(r.headers["x-kv-gateway-engine"])
+            assert picked == ["b"] * 6
+            assert all(r.status_code == 200 for r in await asyncio.gather(*direct))
+
+
+async def test_connection_failure_before_first_byte_fails_over_once():
+    async with sims({"num_gpu_blocks": 65}, {"num_gpu_blocks": 33}) as [a, b]:
+        engines = [{"name": "a", "url": a.url}, {"name": "b", "url": b.url}]
+        # Scrapes rarely: the gateway learns of a's death from the proxy, not the monitor.
+        health = {"scrape_interval_s": 30, "timeout_s": 1}
+        async with gateway(engines, health=health) as (url, _), httpx.AsyncClient() as http:
+            if True:
+                a.kill()  # a has the most free blocks: it is picked first
+                r = await http.post(
+                    url + "/v1/completions", json={"model": "tiny", "prompt": "x", "max_tokens": 2}
+                )
+                assert r.status_code == 200 and r.headers["x-kv-gateway-engine"] == "b"
+                after = await status(http, url)
+                assert not after["a"]["healthy"]
+                assert after["a"]["reserved_blocks"] == 0 and after["b"]["reserved_blocks"] == 0
+
+
+@pytest.mark.parametrize("fixture", ["metrics-cpu-0.32.txt"])
+def test_fixture_present(fixture):
+    from pathlib import Path
+
+    assert (Path(__file__).parents[1] / "fixtures" / "vllm" / fixture).exists()
