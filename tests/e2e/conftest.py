@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.e2e.gateway_process import GatewayProcess, gateway_config
 from tools.vllm.engine import EngineStartError, VllmEngine
 
 REPO = Path(__file__).resolve().parents[2]
@@ -45,6 +46,7 @@ def unavailable(reason: str) -> None:
 
 
 def _vllm_imports() -> tuple[bool, str]:
+    """The full check (~6-10 s): run only to decide CI's setup or to explain a failure."""
     if not VLLM_PYTHON.exists():
         return False, f"{VLLM_PYTHON} does not exist (run tools/vllm/setup.sh)"
     probe = subprocess.run(
@@ -59,16 +61,23 @@ def _vllm_imports() -> tuple[bool, str]:
     return True, ""
 
 
+def explain_failure(what: str) -> None:
+    """Something failed in the vLLM environment: skip/fail as unavailable when the environment
+    is broken, else fail as a real error."""
+    ok, reason = _vllm_imports()
+    if not ok:
+        unavailable(f"{reason}\n({what})")
+    pytest.fail(what, pytrace=False)
+
+
 @pytest.fixture(scope="session")
 def vllm_model_dir() -> Path:
-    ok, reason = _vllm_imports()
-    if not ok and in_ci():
+    if not VLLM_PYTHON.exists() and in_ci():
         # CI must pass from scratch: make the environment here if .ci/run did not.
         setup = subprocess.run([str(SETUP)], capture_output=True, text=True)
         sys.stderr.write(setup.stdout + setup.stderr)
-        ok, reason = _vllm_imports()
-    if not ok:
-        unavailable(reason)
+    if not VLLM_PYTHON.exists():
+        unavailable(f"{VLLM_PYTHON} does not exist (run tools/vllm/setup.sh)")
     build = subprocess.run(
         [str(VLLM_PYTHON), str(BUILD_MODEL), "--out", str(MODEL_DIR)],
         capture_output=True,
@@ -76,7 +85,7 @@ def vllm_model_dir() -> Path:
         timeout=600,
     )
     if build.returncode != 0:
-        unavailable(f"building the tiny model failed:\n{build.stdout}{build.stderr}")
+        explain_failure(f"building the tiny model failed:\n{build.stdout}{build.stderr}")
     return MODEL_DIR
 
 
@@ -105,7 +114,7 @@ def vllm_url(
     try:
         engine.start()
     except EngineStartError as exc:
-        pytest.fail(str(exc), pytrace=False)
+        explain_failure(str(exc))
     record_figure("engine start (to /health 200)", f"{engine.startup_s:.1f} s")
     try:
         yield engine.url
@@ -127,3 +136,17 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
         terminalreporter.section("real vLLM figures")
         for name, value in _FIGURES:
             terminalreporter.write_line(f"{name}: {value}")
+
+
+@pytest.fixture(scope="session")
+def gateway(vllm_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
+    """One `kv-gateway serve` in front of the session's engine, shared by the gateway tests."""
+    process = GatewayProcess(gateway_config(vllm_url), tmp_path_factory.mktemp("gateway"))
+    try:
+        process.start()
+    except RuntimeError as exc:
+        pytest.fail(str(exc), pytrace=False)
+    try:
+        yield process
+    finally:
+        process.stop()

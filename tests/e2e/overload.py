@@ -56,6 +56,8 @@ async def _one(client: openai.AsyncOpenAI, max_tokens: int) -> str:
         async for chunk in stream:
             if chunk.usage is not None:
                 completion_tokens = chunk.usage.completion_tokens
+            # Buffered chunks do not suspend the loop; let the /metrics watcher run.
+            await asyncio.sleep(0)
     except openai.RateLimitError:
         return "429"
     except openai.APIStatusError as exc:

@@ -19,11 +19,13 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import ctypes
 import os
 import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Sequence
@@ -46,6 +48,15 @@ def free_port() -> int:
         sock.bind(("127.0.0.1", 0))
         port: int = sock.getsockname()[1]
         return port
+
+
+def die_with_parent() -> None:
+    """Run in the child before exec: on Linux, have the kernel SIGTERM it when its parent dies,
+    so that a test run killed outright does not leave an engine behind."""
+    if sys.platform.startswith("linux"):
+        libc = ctypes.CDLL(None, use_errno=True)
+        pr_set_pdeathsig = 1
+        libc.prctl(pr_set_pdeathsig, signal.SIGTERM)
 
 
 def engine_env(cache_root: Path) -> dict[str, str]:
@@ -159,6 +170,7 @@ class VllmEngine:
                 stderr=subprocess.STDOUT,
                 env=engine_env(self._cache_root),
                 start_new_session=True,
+                preexec_fn=die_with_parent,
             )
         try:
             self._wait_healthy(began + self.startup_timeout_s)
@@ -231,6 +243,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--kv-cache-memory-bytes", type=int, default=786_432)
     parser.add_argument("--port", type=int, default=None)
     args = parser.parse_args(argv)
+    # SIGTERM ends the run like Ctrl-C does: through `with`, which stops the engine.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(0))
     engine = VllmEngine(
         args.model, kv_cache_memory_bytes=args.kv_cache_memory_bytes, port=args.port
     )
