@@ -84,15 +84,13 @@ class Refusal:
 
 @dataclass(frozen=True, slots=True)
 class QueueEntry:
-    """A request waiting for capacity. `max_wait_s` bounds how long the entry may live;
-    `tenant_max_queued` caps the tenant's entries in the line (None: no per-tenant cap)."""
+    """A request waiting for capacity. `max_wait_s` bounds how long the entry may live."""
 
     id: str
     tenant: TenantPolicy
     engines: frozenset[str]
     blocks: int
     max_wait_s: float
-    tenant_max_queued: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

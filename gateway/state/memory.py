@@ -141,7 +141,7 @@ class InMemoryStore:
             return "queued"
         if len(self._line) >= max_length:
             return "queue_full"
-        cap = entry.tenant_max_queued
+        cap = entry.tenant.max_queued
         if cap is not None and self._line.count(entry.tenant.name) >= cap:
             return "tenant_queue_full"
         self._line.push(

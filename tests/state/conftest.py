@@ -1,21 +1,81 @@
-"""One conformance suite for every state store: each test runs against each backend."""
+"""One conformance suite for every state store: each test runs against each backend.
 
+The Redis backend is the real server at 127.0.0.1:6379 (override with KVGW_TEST_REDIS_URL),
+with a key prefix of its own per test. After every test the store must hold nothing —
+no lease, no queue entry, no tenant in flight — and every key it left in Redis must have a
+TTL; then the test's keys are deleted.
+"""
+
+import os
 import random
+import uuid
 
 import pytest
+import redis.asyncio as aioredis
 
-from gateway.core.routing import Router
+from gateway.core.routing import DEFAULT_SCORERS, Router
 from gateway.state.memory import InMemoryStore
+from gateway.state.redis import RedisStore
+from gateway.state.totals import StoreTotals
 
-BACKENDS = ["memory"]
+REDIS_URL = os.environ.get("KVGW_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 
 
-@pytest.fixture(params=BACKENDS)
-async def store(request):
+def new_prefix() -> str:
+    return f"kvgw-test-{uuid.uuid4().hex[:12]}"
+
+
+async def keys_without_ttl(prefix: str) -> dict[str, int]:
+    """Every key of `prefix` (SCAN) with its TTL; those with none (-1) are the failures."""
+    client = aioredis.from_url(REDIS_URL)
+    try:
+        found = {}
+        async for key in client.scan_iter(match=f"{{{prefix}}}*", count=500):
+            found[key.decode()] = await client.ttl(key)
+        return found
+    finally:
+        await client.aclose()
+
+
+async def drop_keys(prefix: str) -> None:
+    client = aioredis.from_url(REDIS_URL)
+    try:
+        keys = [k async for k in client.scan_iter(match=f"{{{prefix}}}*", count=500)]
+        if keys:
+            await client.delete(*keys)
+    finally:
+        await client.aclose()
+
+
+async def assert_clean(prefix: str) -> None:
+    ttls = await keys_without_ttl(prefix)
+    assert all(ttl > 0 for ttl in ttls.values()), f"keys without a TTL: {ttls}"
+
+
+@pytest.fixture
+def prefix():
+    return new_prefix()
+
+
+def redis_store(prefix: str, replica: str = "replica-a", **kwargs) -> RedisStore:
+    kwargs.setdefault("seed", 0)
+    return RedisStore(REDIS_URL, DEFAULT_SCORERS, replica_id=replica, key_prefix=prefix, **kwargs)
+
+
+@pytest.fixture(params=["memory", pytest.param("redis", marks=pytest.mark.redis)])
+async def store(request, prefix):
     if request.param == "memory":
         s = InMemoryStore(Router(), random.Random(0))
-    yield s
-    loads = await s.loads()
-    await s.close()
-    # Every test must leave nothing reserved behind.
-    assert all(v.reserved_blocks == 0 and v.reserved_seqs == 0 for v in loads.values()), loads
+    else:
+        s = redis_store(prefix)
+    try:
+        yield s
+        totals = await s.totals()
+        # Every test must leave nothing behind: leases, queue entries, tenant counters.
+        assert totals == StoreTotals(), totals
+        if request.param == "redis":
+            await assert_clean(prefix)
+    finally:
+        await s.close()
+        if request.param == "redis":
+            await drop_keys(prefix)

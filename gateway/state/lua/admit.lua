@@ -1,0 +1,128 @@
+-- try_admit: tenant limits, the fair order, engine capacity and choice, the lease write.
+-- ARGV: 3 lease id, 4 replica, 5 lease ttl s, 6 tenant, 7 priority, 8 weight,
+--   9 max concurrency, 10 rpm, 11 tpm, 12 tenant max blocks ('' = no limit), 13 tokens,
+--   14 queued '1'/'0', 15 tie-break seed ('' = Redis TIME microseconds), 16 scorers (csv),
+--   17 candidate count, then per candidate 8 values: name, capacity blocks at the ceiling,
+--   max_num_seqs, reported blocks, reported seqs, healthy '1'/'0', need blocks, need seqs.
+--   Free capacity counts the larger of what the gateway reserved and what the engine
+--   reports in use (gateway/core/types.py EngineView).
+-- Reply: {'lease', engine, blocks, seqs} | {'refused', code, retry_after_s or ''}
+--        | {'exists', engine, blocks, seqs, replica}
+local id, replica, lease_ttl = ARGV[3], ARGV[4], tonumber(ARGV[5])
+local tenant, prio, weight = ARGV[6], tonumber(ARGV[7]), tonumber(ARGV[8])
+local max_conc, rpm, tpm = opt(ARGV[9]), opt(ARGV[10]), opt(ARGV[11])
+local max_blocks, tokens, queued = opt(ARGV[12]), tonumber(ARGV[13]), ARGV[14] == '1'
+local seed = opt(ARGV[15]) or USEC
+
+reap_leases()
+expire_queue()
+
+local existing = redis.call('HGET', K_LEASES, id)
+if existing then
+  local l = cjson.decode(existing)
+  return finish({'exists', l.e, l.b, l.s, l.r})
+end
+
+local function refuse(code, retry)
+  return finish({'refused', code, retry and fmt(retry) or ''})
+end
+
+-- Tenant limits: concurrency, then requests per minute, then tokens per minute.
+if max_conc and num(redis.call('HGET', K_TEN, 'n:' .. tenant)) + 1 > max_conc then
+  return refuse('tenant_concurrency')
+end
+local rpm_level, tpm_level
+if rpm then
+  rpm_level = bucket_level(tenant, 'r', rpm)
+  if rpm_level < 1 then
+    return refuse('tenant_rpm', rpm >= 1 and seconds_until(1, rpm_level, rpm) or nil)
+  end
+end
+if tpm then
+  tpm_level = bucket_level(tenant, 't', tpm)
+  if tpm_level < tokens then
+    local ok = tpm >= 1 and tokens <= tpm
+    return refuse('tenant_tpm', ok and seconds_until(tokens, tpm_level, tpm) or nil)
+  end
+end
+
+-- Candidates within the tenant's KV share.
+local scorers = {}
+for name in string.gmatch(ARGV[16], '[^,]+') do scorers[#scorers + 1] = name end
+local count = tonumber(ARGV[17])
+local held = num(redis.call('HGET', K_TEN, 'k:' .. tenant))
+local engines, within = {}, {}
+for i = 0, count - 1 do
+  local base = 18 + i * 8
+  local c = {
+    name = ARGV[base], cap = tonumber(ARGV[base + 1]), max_seqs = tonumber(ARGV[base + 2]),
+    rep_b = tonumber(ARGV[base + 3]), rep_s = tonumber(ARGV[base + 4]),
+    healthy = ARGV[base + 5] == '1', b = tonumber(ARGV[base + 6]), s = tonumber(ARGV[base + 7]),
+  }
+  engines[c.name] = true
+  if max_blocks == nil or held + c.b <= max_blocks then within[#within + 1] = c end
+end
+if count > 0 and #within == 0 then return refuse('tenant_kv_share') end
+
+-- The order of the line: nobody queued before this ask may want any of its engines.
+local own = queued and entry(id) or nil
+local key = own and own.m or member(prio, start_tag(tenant, prio), NEWCOMER_SEQ, '')
+if blocked(key, engines, id) then return refuse('queued_ahead') end
+
+-- Routing (gateway/core/routing.py): filter, score, then a seeded choice among ties.
+local best, ties = nil, {}
+for _, c in ipairs(within) do
+  local res_b = num(redis.call('HGET', K_LOAD, 'b:' .. c.name))
+  local res_s = num(redis.call('HGET', K_LOAD, 's:' .. c.name))
+  local free = c.cap - math.max(res_b, c.rep_b)
+  local running = math.max(res_s, c.rep_s)
+  if c.healthy and c.b <= free and c.s <= c.max_seqs - running then
+    local score = {}
+    for i, name in ipairs(scorers) do
+      if name == 'most_free_blocks' then
+        score[i] = free
+      elseif name == 'fewest_running' then
+        score[i] = -running
+      elseif name == 'lowest_kv_fraction' then
+        score[i] = c.cap <= 0 and -1 or 1 - (c.cap - free) / c.cap
+      else
+        return redis.error_reply('unknown scorer ' .. name)
+      end
+    end
+    local cmp = 0
+    if best then
+      for i = 1, #score do
+        if score[i] ~= best[i] then
+          cmp = score[i] > best[i] and 1 or -1
+          break
+        end
+      end
+    end
+    if best == nil or cmp > 0 then
+      best, ties = score, {c}
+    elseif cmp == 0 then
+      ties[#ties + 1] = c
+    end
+  end
+end
+if best == nil then return refuse('no_capacity') end
+local chosen = ties[(seed % #ties) + 1]
+
+-- The lease, the counters, the charges.
+redis.call('HSET', K_LEASES, id, cjson.encode({
+  e = chosen.name, b = chosen.b, s = chosen.s, t = tenant, k = tokens, r = replica,
+  rpm = rpm, tpm = tpm,
+}))
+redis.call('ZADD', K_LEXP, NOW + lease_ttl, id)
+add(K_LOAD, 'b:' .. chosen.name, chosen.b)
+add(K_LOAD, 's:' .. chosen.name, chosen.s)
+add(K_TEN, 'n:' .. tenant, 1)
+add(K_TEN, 'k:' .. tenant, chosen.b)
+if rpm then bucket_set(tenant, 'r', rpm, rpm_level - 1) end
+if tpm then bucket_set(tenant, 't', tpm, tpm_level - tokens) end
+if own then
+  serve(id) -- the line moved: those behind may now go
+else
+  charge(tenant, prio, weight, chosen.b)
+end
+return finish({'lease', chosen.name, chosen.b, chosen.s})

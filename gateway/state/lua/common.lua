@@ -1,0 +1,216 @@
+-- Shared by every script of the Redis state store (prepended to each script body).
+--
+-- KEYS (one hash tag, so one Cluster slot):
+--   1 leases  HASH  lease id -> json {e engine, b blocks, s seqs, t tenant, k tokens,
+--                   r replica, rpm, tpm}
+--   2 lexp    ZSET  lease id -> expiry (Redis time, s)
+--   3 load    HASH  "b:<engine>" / "s:<engine>" -> reserved blocks / sequences
+--   4 ten     HASH  "n:<tenant>" / "k:<tenant>" -> requests in flight / blocks held
+--   5 rate    HASH  "<tenant>:rl" "<tenant>:rs" (requests level, stamp), ":tl" ":ts" (tokens)
+--   6 q       ZSET  score 0, member "<prio10>:<start24>:<seq16>:<id>": the line, in order
+--   7 qent    HASH  entry id -> json {m member, q qtf member, t, p, b, e engines, s, f}
+--   8 qexp    ZSET  entry id -> expiry (Redis time, s)
+--   9 qtf     ZSET  score 0, member "<tenant>\0<prio10>:<start24>:<seq16>:<id>"
+--  10 fair    HASH  "v:<prio>" virtual time when idle, "f:<prio>:<tenant>" served finish tag,
+--                   "seq" arrival counter
+-- ARGV[1] key TTL (s), ARGV[2] change channel; the script's own arguments follow.
+local K_LEASES, K_LEXP, K_LOAD, K_TEN, K_RATE = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local K_Q, K_QENT, K_QEXP, K_QTF, K_FAIR = KEYS[6], KEYS[7], KEYS[8], KEYS[9], KEYS[10]
+local KEY_TTL_MS = math.floor(tonumber(ARGV[1]) * 1000)
+local CHANNEL = ARGV[2]
+local clock = redis.call('TIME')
+local NOW = tonumber(clock[1]) + tonumber(clock[2]) / 1e6
+local USEC = tonumber(clock[2])
+local changed = false
+local NEWCOMER_SEQ = '9999999999999999'
+
+local function opt(x)
+  if x == nil or x == '' then return nil end
+  return tonumber(x)
+end
+
+local function fmt(x)
+  return string.format('%.17g', x)
+end
+
+local function num(x)
+  return tonumber(x) or 0
+end
+
+-- Add to a counter field; a field that reaches 0 is deleted (nothing left behind).
+local function add(key, field, delta)
+  if delta == 0 then return end
+  local v = redis.call('HINCRBY', key, field, delta)
+  if v == 0 then redis.call('HDEL', key, field) end
+end
+
+-- ---- token buckets (gateway/core/tenants.py) -------------------------------------------
+local function bucket_level(tenant, kind, limit)
+  local got = redis.call('HMGET', K_RATE, tenant .. ':' .. kind .. 'l', tenant .. ':' .. kind .. 's')
+  if not got[1] then return limit end
+  local refill = limit / 60 * math.max(0, NOW - tonumber(got[2]))
+  return math.min(limit, tonumber(got[1]) + refill)
+end
+
+local function bucket_set(tenant, kind, limit, level)
+  local l, s = tenant .. ':' .. kind .. 'l', tenant .. ':' .. kind .. 's'
+  if level >= limit then
+    redis.call('HDEL', K_RATE, l, s) -- a missing bucket is a full one
+  else
+    redis.call('HSET', K_RATE, l, fmt(level), s, fmt(NOW))
+  end
+end
+
+local function seconds_until(units, level, limit)
+  if level >= units then return 0 end
+  return (units - level) / (limit / 60)
+end
+
+-- ---- leases -----------------------------------------------------------------------------
+local function drop_lease(id, used)
+  local raw = redis.call('HGET', K_LEASES, id)
+  redis.call('ZREM', K_LEXP, id)
+  if not raw then return nil end
+  redis.call('HDEL', K_LEASES, id)
+  local l = cjson.decode(raw)
+  add(K_LOAD, 'b:' .. l.e, -l.b)
+  add(K_LOAD, 's:' .. l.e, -l.s)
+  add(K_TEN, 'n:' .. l.t, -1)
+  add(K_TEN, 'k:' .. l.t, -l.b)
+  if used ~= nil and l.tpm ~= nil and used ~= l.k then
+    local level = bucket_level(l.t, 't', l.tpm) + (l.k - used)
+    bucket_set(l.t, 't', l.tpm, math.max(-l.tpm, math.min(l.tpm, level)))
+  end
+  changed = true
+  return l
+end
+
+local function reap_leases()
+  local ids = redis.call('ZRANGEBYSCORE', K_LEXP, '-inf', NOW, 'LIMIT', 0, 500)
+  for _, id in ipairs(ids) do drop_lease(id, nil) end
+end
+
+-- ---- the fair line (gateway/core/fairqueue.py) ----------------------------------------
+local function pkey(prio)
+  return string.format('%010d', 1000000000 - prio)
+end
+
+local function member(prio, start, seq, id)
+  return pkey(prio) .. ':' .. string.format('%024.6f', start) .. ':' .. seq .. ':' .. id
+end
+
+local function member_id(m)
+  return string.match(m, '^%d+:[%d%.]+:%d+:(.*)$')
+end
+
+local function entry(id)
+  local raw = redis.call('HGET', K_QENT, id)
+  if not raw then return nil end
+  return cjson.decode(raw)
+end
+
+local function virtual_now(prio)
+  local p = pkey(prio)
+  local first = redis.call('ZRANGEBYLEX', K_Q, '[' .. p .. ':', '(' .. p .. ';', 'LIMIT', 0, 1)[1]
+  if first then return tonumber(entry(member_id(first)).s) end
+  return num(redis.call('HGET', K_FAIR, 'v:' .. prio))
+end
+
+local function last_finish(tenant, prio)
+  local served = num(redis.call('HGET', K_FAIR, 'f:' .. prio .. ':' .. tenant))
+  local p = tenant .. '\0' .. pkey(prio)
+  local last = redis.call('ZREVRANGEBYLEX', K_QTF, '(' .. p .. ';', '[' .. p .. ':', 'LIMIT', 0, 1)[1]
+  if last then
+    return math.max(served, tonumber(entry(member_id(string.sub(last, #tenant + 2))).f))
+  end
+  return served
+end
+
+local function start_tag(tenant, prio)
+  return math.max(virtual_now(prio), last_finish(tenant, prio))
+end
+
+local function tenant_queued(tenant)
+  return redis.call('ZLEXCOUNT', K_QTF, '[' .. tenant .. '\0', '(' .. tenant .. '\1')
+end
+
+local function push(id, tenant, prio, weight, engines, blocks, expires_at)
+  local start = start_tag(tenant, prio)
+  local seq = string.format('%016d', redis.call('HINCRBY', K_FAIR, 'seq', 1))
+  local m = member(prio, start, seq, id)
+  local q = tenant .. '\0' .. m
+  redis.call('ZADD', K_Q, 0, m)
+  redis.call('ZADD', K_QTF, 0, q)
+  redis.call('ZADD', K_QEXP, expires_at, id)
+  redis.call('HSET', K_QENT, id, cjson.encode({
+    m = m, q = q, t = tenant, p = prio, b = blocks, e = engines,
+    s = fmt(start), f = fmt(start + blocks / weight),
+  }))
+end
+
+local function leave(id)
+  local e = entry(id)
+  redis.call('ZREM', K_QEXP, id)
+  if not e then return nil end
+  redis.call('HDEL', K_QENT, id)
+  redis.call('ZREM', K_Q, e.m)
+  redis.call('ZREM', K_QTF, e.q)
+  changed = true
+  return e
+end
+
+local function remember(tenant, prio, start, finish)
+  local f, v = 'f:' .. prio .. ':' .. tenant, 'v:' .. prio
+  redis.call('HSET', K_FAIR, f, fmt(math.max(num(redis.call('HGET', K_FAIR, f)), finish)))
+  redis.call('HSET', K_FAIR, v, fmt(math.max(num(redis.call('HGET', K_FAIR, v)), start)))
+end
+
+local function serve(id)
+  local e = leave(id)
+  if e then remember(e.t, e.p, tonumber(e.s), tonumber(e.f)) end
+  return e
+end
+
+local function charge(tenant, prio, weight, blocks)
+  local start = start_tag(tenant, prio)
+  remember(tenant, prio, start, start + blocks / weight)
+end
+
+local function expire_queue()
+  local ids = redis.call('ZRANGEBYSCORE', K_QEXP, '-inf', NOW, 'LIMIT', 0, 500)
+  for _, id in ipairs(ids) do leave(id) end
+end
+
+-- True when an entry ordered before `key` (a member string) competes for any engine in
+-- the set `engines` (engine -> true); `own` is the asker's own entry id.
+local function blocked(key, engines, own)
+  local offset = 0
+  while true do
+    local batch = redis.call('ZRANGEBYLEX', K_Q, '-', '(' .. key, 'LIMIT', offset, 100)
+    for _, m in ipairs(batch) do
+      local id = member_id(m)
+      if id ~= own then
+        for _, name in ipairs(entry(id).e) do
+          if engines[name] then return true end
+        end
+      end
+    end
+    if #batch < 100 then return false end
+    offset = offset + 100
+  end
+end
+
+-- ---- housekeeping -----------------------------------------------------------------------
+-- Every key gets a TTL; a script never shortens one (a long queue wait may have set more).
+local function touch(ttl_ms)
+  for i = 1, 10 do
+    local cur = redis.call('PTTL', KEYS[i])
+    if cur ~= -2 and cur < ttl_ms then redis.call('PEXPIRE', KEYS[i], ttl_ms) end
+  end
+end
+
+local function finish(reply)
+  touch(KEY_TTL_MS)
+  if changed then redis.call('PUBLISH', CHANNEL, '1') end
+  return reply
+end

@@ -1,0 +1,494 @@
+"""Shared state in Redis: several gateway replicas, one set of leases, limits and one line.
+
+Every decision is one Lua script (`gateway/state/lua/`, loaded with SCRIPT LOAD and run
+with EVALSHA through redis-py's `register_script`), so it is atomic across replicas and
+takes one round trip. Scripts read the time from Redis `TIME`, never from a replica's clock.
+All keys share the hash tag `{<key_prefix>}` (one Cluster slot) and every write gives every
+key a TTL; see docs/state.md for the layout.
+
+Leases expire `lease_ttl_s` after their last renewal; the store renews the leases it holds
+every `lease_ttl_s / 3` in a background task, and every script first reaps what expired,
+so a replica killed without releasing gives its capacity back within `lease_ttl_s`.
+
+A change that may let a waiter in (a release, an entry leaving the line, a reaped lease) is
+published on `{<key_prefix>}:changed` by the script itself; every store listens and wakes
+its `wait_for_change` callers.
+
+Losing Redis: `on_failure="fail_closed"` (the default) raises `StateUnavailable` (503) from
+the calls that decide admission — limits and capacity shared by replicas cannot be checked,
+and admitting blind could over-commit every engine N-fold. `"fail_open_local"` instead
+admits through an in-process store that sees only `local_share` of every engine and every
+tenant limit, until Redis answers again. Either way the store keeps trying Redis (after a
+short back-off) and resumes without a restart; releases and dequeues made during the outage
+are retried when it is back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import random
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import replace
+from importlib import resources
+from typing import Any, Literal, TypeVar
+
+import redis.asyncio as aioredis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from gateway.core import tenants
+from gateway.core.fairqueue import check_policy
+from gateway.core.routing import Candidate, Router
+from gateway.core.tenants import Bucket, TenantUsage
+from gateway.core.types import EngineLoad, TenantPolicy
+from gateway.state.base import (
+    AdmissionAsk,
+    Lease,
+    QueueEntry,
+    QueueVerdict,
+    RateLimitState,
+    Refusal,
+    RefusalCode,
+)
+from gateway.state.errors import StateUnavailable
+from gateway.state.memory import InMemoryStore
+from gateway.state.totals import StoreTotals
+
+log = logging.getLogger(__name__)
+
+OnFailure = Literal["fail_closed", "fail_open_local"]
+T = TypeVar("T")
+
+KEY_NAMES = ("leases", "lexp", "load", "ten", "rate", "q", "qent", "qexp", "qtf", "fair")
+SCRIPTS = ("admit", "release", "renew", "enqueue", "dequeue", "inspect")
+# Buckets in debt need up to two minutes to fill again; keys must outlive that idle time.
+MIN_KEY_TTL_S = 130.0
+# After a failed call, go straight to the failure path for this long before trying again.
+RETRY_REDIS_AFTER_S = 0.5
+REDIS_ERRORS: tuple[type[BaseException], ...] = (RedisConnectionError, RedisTimeoutError, OSError)
+
+
+def _script_source(name: str) -> str:
+    lua = resources.files("gateway.state") / "lua"
+    return (lua / "common.lua").read_text() + "\n" + (lua / f"{name}.lua").read_text()
+
+
+def _opt(value: float | None) -> str:
+    return "" if value is None else repr(value)
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+class RedisStore:
+    def __init__(
+        self,
+        url: str,
+        router_scorers: Sequence[str],
+        *,
+        replica_id: str,
+        lease_ttl_s: float = 15,
+        key_prefix: str = "kvgw",
+        on_failure: OnFailure = "fail_closed",
+        local_share: float = 0.5,
+        seed: int | None = None,
+        timeout_s: float = 1.0,
+    ) -> None:
+        if lease_ttl_s <= 0:
+            raise ValueError("lease_ttl_s must be > 0")
+        if on_failure not in ("fail_closed", "fail_open_local"):
+            raise ValueError(f"on_failure must be fail_closed or fail_open_local, not {on_failure}")
+        if not 0 < local_share <= 1:
+            raise ValueError("local_share must be in (0, 1]")
+        if any(c in key_prefix for c in "{}"):
+            raise ValueError("key_prefix must not contain braces (it becomes the hash tag)")
+        self.scorers = Router(router_scorers).scorer_names  # validates the names
+        self.replica_id = replica_id
+        self.lease_ttl_s = float(lease_ttl_s)
+        self.on_failure: OnFailure = on_failure
+        self.local_share = local_share
+        self.key_ttl_s = max(MIN_KEY_TTL_S, 3 * self.lease_ttl_s)
+        tag = f"{{{key_prefix}}}"
+        self.keys = [f"{tag}:{name}" for name in KEY_NAMES]
+        self.channel = f"{tag}:changed"
+        self._rng = random.Random(seed) if seed is not None else None
+        self._redis = aioredis.from_url(
+            url,
+            socket_timeout=timeout_s,
+            socket_connect_timeout=timeout_s,
+            # One immediate retry on a fresh connection (a pooled one may have died with an
+            # earlier server); every script is safe to run twice.
+            retry=Retry(NoBackoff(), 1),
+        )
+        self._scripts = {
+            name: self._redis.register_script(_script_source(name)) for name in SCRIPTS
+        }
+        self._local = InMemoryStore(Router(self.scorers), random.Random(seed))
+        self._local_ids: set[str] = set()  # leases granted by the local store in an outage
+        self._held: dict[str, Lease] = {}  # leases this replica renews
+        self._pending_release: dict[str, int | None] = {}  # to retry once Redis is back
+        self._pending_dequeue: set[str] = set()
+        self._down_until = 0.0  # monotonic; before it, skip Redis
+        self._changed = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._closed = False
+
+    # ---- the port ------------------------------------------------------------------------
+
+    async def try_admit(self, ask: AdmissionAsk) -> Lease | Refusal:
+        check_policy(ask.tenant.priority, ask.tenant.weight)
+        try:
+            reply = await self._call("admit", await self._admit_args(ask))
+        except StateUnavailable:
+            if self.on_failure == "fail_closed":
+                raise
+            result = await self._local.try_admit(self._local_ask(ask))
+            if isinstance(result, Lease):
+                self._local_ids.add(result.id)
+            return result
+        kind = _text(reply[0])
+        if kind == "refused":
+            code: RefusalCode = _text(reply[1])  # type: ignore[assignment]
+            retry = _text(reply[2])
+            return Refusal(code, float(retry) if retry else None)
+        if kind == "exists" and _text(reply[4]) != self.replica_id:
+            raise KeyError(f"lease {ask.lease_id} already exists")
+        # "exists" from this replica: a retried call whose first run wrote the lease.
+        lease = Lease(
+            id=ask.lease_id,
+            engine=_text(reply[1]),
+            blocks=int(reply[2]),
+            seqs=int(reply[3]),
+            tenant=ask.tenant.name,
+            tokens=ask.tokens,
+        )
+        self._held[lease.id] = lease
+        return lease
+
+    async def release(self, lease: Lease, used_tokens: int | None = None) -> bool:
+        """Never raises for a lost Redis: the release is retried in the background (and the
+        lease, no longer renewed, expires within `lease_ttl_s` in any case)."""
+        if lease.id in self._local_ids:
+            self._local_ids.discard(lease.id)
+            self._notify()
+            return await self._local.release(lease, used_tokens)
+        held = self._held.pop(lease.id, None)
+        try:
+            reply = await self._call("release", [lease.id, _opt(used_tokens)])
+        except StateUnavailable:
+            if held is None:
+                return False
+            self._pending_release[lease.id] = used_tokens
+            return True
+        return bool(int(reply))
+
+    async def renew(self, leases: Sequence[Lease]) -> None:
+        """Extend the given leases; never raises for a lost Redis (they may then expire)."""
+        ids = [lease.id for lease in leases if lease.id not in self._local_ids]
+        if ids:
+            with contextlib.suppress(StateUnavailable):
+                await self._renew(ids)
+
+    async def enqueue(self, entry: QueueEntry, max_length: int) -> QueueVerdict:
+        check_policy(entry.tenant.priority, entry.tenant.weight)
+        ttl = max(self.key_ttl_s, entry.max_wait_s + self.lease_ttl_s)
+        args = [
+            entry.id,
+            entry.tenant.name,
+            str(entry.tenant.priority),
+            repr(float(entry.tenant.weight)),
+            str(entry.blocks),
+            repr(float(entry.max_wait_s)),
+            str(max_length),
+            _opt(entry.tenant.max_queued),
+            repr(ttl),
+            *sorted(entry.engines),
+        ]
+        try:
+            reply = await self._call("enqueue", args)
+        except StateUnavailable:
+            if self.on_failure == "fail_closed":
+                raise
+            return await self._local.enqueue(entry, max_length)
+        verdict: QueueVerdict = _text(reply)  # type: ignore[assignment]
+        return verdict
+
+    async def dequeue(self, entry_id: str) -> None:
+        """Never raises for a lost Redis (retried later; the entry expires in any case)."""
+        await self._local.dequeue(entry_id)
+        try:
+            await self._call("dequeue", [entry_id])
+        except StateUnavailable:
+            self._pending_dequeue.add(entry_id)
+
+    async def queue_length(self) -> int:
+        return await self._read(
+            lambda: self._inspect("length"), self._local.queue_length, lambda r: int(r)
+        )
+
+    async def blocks_ahead(self, engines: frozenset[str]) -> int:
+        return await self._read(
+            lambda: self._inspect("ahead", *sorted(engines)),
+            lambda: self._local.blocks_ahead(engines),
+            lambda r: int(r),
+        )
+
+    async def rate_limits(self, tenant: TenantPolicy) -> RateLimitState:
+        if tenant.rpm is None and tenant.tpm is None:
+            return RateLimitState()
+        try:
+            raw = [_text(v) for v in await self._inspect("rates", tenant.name)]
+        except StateUnavailable:
+            if self.on_failure == "fail_closed":
+                raise
+            return await self._local.rate_limits(self._local_tenant(tenant))
+        now = float(raw[4])
+        usage = TenantUsage(
+            requests=Bucket(float(raw[0]), float(raw[1])) if raw[0] else None,
+            tokens=Bucket(float(raw[2]), float(raw[3])) if raw[2] else None,
+        )
+        v = tenants.rate_limit_values(usage, rpm=tenant.rpm, tpm=tenant.tpm, now=now)
+        return RateLimitState(
+            v.limit_requests,
+            v.remaining_requests,
+            v.reset_requests_s,
+            v.limit_tokens,
+            v.remaining_tokens,
+            v.reset_tokens_s,
+        )
+
+    async def loads(self) -> dict[str, EngineLoad]:
+        return await self._read(lambda: self._inspect("loads"), self._local.loads, _loads)
+
+    async def wait_for_change(self, within_s: float) -> None:
+        self._start()
+        event = self._changed
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(event.wait(), within_s)
+
+    async def close(self) -> None:
+        """Stop renewing and listening and close the connections. Leases still held are not
+        released here: they expire within `lease_ttl_s` (release them before closing)."""
+        self._closed = True
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._tasks.clear()
+        self._notify()
+        await self._local.close()
+        await self._redis.aclose()
+
+    # ---- not part of the port ------------------------------------------------------------
+
+    async def totals(self) -> StoreTotals:
+        """What Redis holds, for every replica (after reaping); tests and metrics."""
+        leases, queued, load, ten = await self._inspect("totals")
+        loads = _loads(load)
+        counters = _flat(ten)
+        return StoreTotals(
+            leases=int(leases),
+            queued=int(queued),
+            reserved_blocks=sum(v.reserved_blocks for v in loads.values()),
+            reserved_seqs=sum(v.reserved_seqs for v in loads.values()),
+            tenant_in_flight={k[2:]: v for k, v in counters.items() if k.startswith("n:") and v},
+            tenant_blocks={k[2:]: v for k, v in counters.items() if k.startswith("k:") and v},
+        )
+
+    @property
+    def degraded(self) -> bool:
+        """True while Redis is considered unreachable (calls take the failure path)."""
+        return time.monotonic() < self._down_until
+
+    @property
+    def held(self) -> frozenset[str]:
+        """Ids of the leases this replica holds in Redis and renews."""
+        return frozenset(self._held)
+
+    def stop_renewing(self) -> None:
+        """Stop the background tasks without releasing anything (what a crash looks like to
+        the other replicas: the leases expire within `lease_ttl_s`)."""
+        for task in self._tasks:
+            task.cancel()
+        self._closed = True
+
+    # ---- internals -----------------------------------------------------------------------
+
+    async def _admit_args(self, ask: AdmissionAsk) -> list[str]:
+        policy = ask.tenant
+        local = await self._local.loads() if self._local_ids else {}
+        seed = "" if self._rng is None else str(self._rng.randrange(2**31))
+        args = [
+            ask.lease_id,
+            self.replica_id,
+            repr(self.lease_ttl_s),
+            policy.name,
+            str(policy.priority),
+            repr(float(policy.weight)),
+            _opt(policy.max_concurrency),
+            _opt(policy.rpm),
+            _opt(policy.tpm),
+            _opt(ask.tenant_max_blocks),
+            str(ask.tokens),
+            "1" if ask.queued else "0",
+            seed,
+            ",".join(self.scorers),
+            str(len(ask.candidates)),
+        ]
+        for c in ask.candidates:
+            spec = c.view.spec
+            # Leases granted locally in an outage still occupy the engine: Redis does not
+            # know them, so they are added to what the engine reports in use.
+            mine = local.get(spec.name, EngineLoad())
+            args += [
+                spec.name,
+                str(spec.capacity_blocks(ask.kv_ceiling)),
+                str(spec.max_num_seqs),
+                str(c.view.reported_blocks + mine.reserved_blocks),
+                str(c.view.reported_seqs + mine.reserved_seqs),
+                "1" if c.view.healthy else "0",
+                str(c.need.blocks),
+                str(c.need.seqs),
+            ]
+        return args
+
+    def _local_ask(self, ask: AdmissionAsk) -> AdmissionAsk:
+        """The ask as the local store sees it in an outage: `local_share` of every engine
+        and of every tenant limit, rounded down."""
+        share = self.local_share
+        candidates = tuple(
+            Candidate(
+                replace(
+                    c.view,
+                    spec=replace(
+                        c.view.spec, max_num_seqs=math.floor(c.view.spec.max_num_seqs * share)
+                    ),
+                ),
+                c.need,
+            )
+            for c in ask.candidates
+        )
+        max_blocks = ask.tenant_max_blocks
+        return replace(
+            ask,
+            candidates=candidates,
+            kv_ceiling=ask.kv_ceiling * share,
+            tenant=self._local_tenant(ask.tenant),
+            tenant_max_blocks=None if max_blocks is None else math.floor(max_blocks * share),
+        )
+
+    def _local_tenant(self, policy: TenantPolicy) -> TenantPolicy:
+        def scaled(limit: int | None) -> int | None:
+            return None if limit is None else math.floor(limit * self.local_share)
+
+        return replace(
+            policy,
+            max_concurrency=scaled(policy.max_concurrency),
+            rpm=scaled(policy.rpm),
+            tpm=scaled(policy.tpm),
+        )
+
+    async def _inspect(self, what: str, *args: str) -> Any:
+        return await self._call("inspect", [what, *args])
+
+    async def _read(
+        self,
+        shared: Callable[[], Awaitable[Any]],
+        local: Callable[[], Awaitable[T]],
+        parse: Callable[[Any], T],
+    ) -> T:
+        try:
+            return parse(await shared())
+        except StateUnavailable:
+            if self.on_failure == "fail_closed":
+                raise
+            return await local()
+
+    async def _call(self, script: str, args: list[str]) -> Any:
+        """Run one script; a lost Redis becomes `StateUnavailable` (and a short back-off)."""
+        self._start()
+        if self.degraded:
+            raise StateUnavailable("Shared state (Redis) is unreachable; retrying shortly.")
+        try:
+            return await self._scripts[script](
+                keys=self.keys, args=[repr(self.key_ttl_s), self.channel, *args]
+            )
+        except REDIS_ERRORS as e:
+            self._down_until = time.monotonic() + RETRY_REDIS_AFTER_S
+            log.warning("redis unreachable (%s: %s); %s", type(e).__name__, e, self.on_failure)
+            raise StateUnavailable(f"Shared state (Redis) is unreachable: {e}") from e
+
+    async def _renew(self, ids: list[str]) -> None:
+        lost = await self._call("renew", [repr(self.lease_ttl_s), *ids])
+        for raw in lost:
+            lease_id = _text(raw)
+            if self._held.pop(lease_id, None) is not None:
+                log.warning("lease %s expired before it was renewed", lease_id)
+
+    def _start(self) -> None:
+        if self._tasks or self._closed:
+            return
+        self._tasks = [
+            asyncio.create_task(self._renew_forever(), name="redis-store-renew"),
+            asyncio.create_task(self._listen_forever(), name="redis-store-listen"),
+        ]
+
+    async def _renew_forever(self) -> None:
+        while True:
+            await asyncio.sleep(self.lease_ttl_s / 3)
+            try:
+                await self._catch_up()
+                if self._held:
+                    await self._renew(list(self._held))
+            except StateUnavailable:
+                pass  # logged by _call; tried again next round
+
+    async def _catch_up(self) -> None:
+        """Releases and dequeues that failed in an outage, now that Redis may be back."""
+        for lease_id, used in list(self._pending_release.items()):
+            await self._call("release", [lease_id, _opt(used)])
+            del self._pending_release[lease_id]
+        for entry_id in list(self._pending_dequeue):
+            await self._call("dequeue", [entry_id])
+            self._pending_dequeue.discard(entry_id)
+
+    async def _listen_forever(self) -> None:
+        while True:
+            pubsub = self._redis.pubsub(ignore_subscribe_messages=True)
+            try:
+                await pubsub.subscribe(self.channel)
+                self._notify()  # anything may have changed while we were not listening
+                while True:
+                    message = await pubsub.get_message(timeout=1.0)
+                    if message is not None:
+                        self._notify()
+            except REDIS_ERRORS:
+                self._notify()  # waiters fall back to their own polling
+                await asyncio.sleep(RETRY_REDIS_AFTER_S)
+            finally:
+                with contextlib.suppress(*REDIS_ERRORS):
+                    await pubsub.aclose()  # type: ignore[no-untyped-call]
+
+    def _notify(self) -> None:
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+
+def _flat(raw: Sequence[Any]) -> dict[str, int]:
+    return {_text(raw[i]): int(raw[i + 1]) for i in range(0, len(raw), 2)}
+
+
+def _loads(raw: Sequence[Any]) -> dict[str, EngineLoad]:
+    fields = _flat(raw)
+    names = {k[2:] for k in fields}
+    return {
+        name: EngineLoad(fields.get(f"b:{name}", 0), fields.get(f"s:{name}", 0)) for name in names
+    }
