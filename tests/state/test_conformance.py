@@ -1,9 +1,19 @@
 import asyncio
 import itertools
+from dataclasses import replace
+
+import pytest
 
 from gateway.core.routing import Candidate
-from gateway.core.types import EngineLoad, EngineSpec, EngineView, Footprint
-from gateway.state.base import AdmissionAsk, Lease, Refusal
+from gateway.core.types import EngineLoad, EngineSpec, EngineView, Footprint, TenantPolicy
+from gateway.state.base import (
+    DEFAULT_TENANT,
+    AdmissionAsk,
+    Lease,
+    QueueEntry,
+    RateLimitState,
+    Refusal,
+)
 
 _ids = itertools.count()
 
@@ -81,8 +91,6 @@ async def test_concurrent_admissions_never_overcommit(store):
 
 
 def entry(a: AdmissionAsk, engines, blocks=2):
-    from gateway.state.base import DEFAULT_TENANT, QueueEntry
-
     return QueueEntry(a.lease_id, DEFAULT_TENANT, frozenset(engines), blocks, 10.0)
 
 
@@ -102,8 +110,6 @@ async def test_queued_entries_are_not_overtaken(store):
     other = await store.try_admit(ask(b, blocks=1))
     assert isinstance(other, Lease)
     await store.release(hog)
-    from dataclasses import replace
-
     got = await store.try_admit(replace(first, queued=True))
     assert isinstance(got, Lease)
     assert await store.queue_length() == 0  # admission took it off the line
@@ -135,3 +141,205 @@ async def test_release_by_id_and_wait_for_change(store):
     assert await store.release(Lease(id=lease.id, engine="", blocks=0, seqs=0)) is True
     await asyncio.wait_for(waiter, 2.0)  # woken by the release, not by the timeout
     assert (await store.loads()).get("a", EngineLoad()) == EngineLoad()
+
+
+# ---- tenants ---------------------------------------------------------------------------
+
+
+def tenant_ask(engine, tenant, *, blocks=2, tokens=0, max_blocks=None, queued=False, lease_id=None):
+    a = ask(engine, blocks=blocks)
+    return replace(
+        a,
+        lease_id=lease_id or a.lease_id,
+        tenant=tenant,
+        tokens=tokens,
+        tenant_max_blocks=max_blocks,
+        queued=queued,
+    )
+
+
+async def release_all(store, leases):
+    for lease in leases:
+        assert await store.release(lease) is True
+
+
+async def test_tenant_concurrency(store):
+    a, t = spec("a", blocks=101, seqs=100), TenantPolicy("t", max_concurrency=2)
+    held = [await store.try_admit(tenant_ask(a, t)) for _ in range(2)]
+    assert all(isinstance(h, Lease) for h in held)
+    assert await store.try_admit(tenant_ask(a, t)) == Refusal("tenant_concurrency")
+    other = await store.try_admit(tenant_ask(a, TenantPolicy("u", max_concurrency=1)))
+    assert isinstance(other, Lease)  # limits are per tenant
+    await store.release(held[0])
+    again = await store.try_admit(tenant_ask(a, t))
+    assert isinstance(again, Lease)
+    await release_all(store, [held[1], other, again])
+
+
+async def test_tenant_rpm_refusal_charges_nothing(store):
+    a, t = spec("a", blocks=101, seqs=100), TenantPolicy("t", rpm=2)
+    first = await store.try_admit(tenant_ask(a, t))
+    state = await store.rate_limits(t)
+    assert (state.limit_requests, state.remaining_requests) == (2, 1)
+    assert state.reset_requests_s == pytest.approx(30, abs=0.5)  # 2 rpm: one per 30 s
+    second = await store.try_admit(tenant_ask(a, t))
+    refused = await store.try_admit(tenant_ask(a, t))
+    assert refused.code == "tenant_rpm"
+    assert refused.retry_after_s == pytest.approx(30, abs=0.5)  # room for one in 30 s
+    assert (await store.rate_limits(t)).remaining_requests == 0
+    # Released requests do not give requests back (the minute still counts them).
+    await release_all(store, [first, second])
+    assert (await store.try_admit(tenant_ask(a, t))).code == "tenant_rpm"
+
+
+async def test_tenant_tpm_charge_and_refund(store):
+    a, t = spec("a", blocks=101, seqs=100), TenantPolicy("t", tpm=100)
+    first = await store.try_admit(tenant_ask(a, t, tokens=60))
+    assert isinstance(first, Lease) and first.tokens == 60
+    refused = await store.try_admit(tenant_ask(a, t, tokens=60))
+    # 40 left; 20 more at 100/60 per second → 12 s.
+    assert refused.code == "tenant_tpm" and refused.retry_after_s == pytest.approx(12, abs=0.3)
+    state = await store.rate_limits(t)
+    assert (state.limit_tokens, state.remaining_tokens) == (100, 40)
+    # Used 10 of the 60 charged: 50 come back.
+    assert await store.release(first, used_tokens=10) is True
+    assert (await store.rate_limits(t)).remaining_tokens == 90
+    second = await store.try_admit(tenant_ask(a, t, tokens=60))
+    assert isinstance(second, Lease)
+    # More than the whole bucket can never pass.
+    assert await store.try_admit(tenant_ask(a, t, tokens=101)) == Refusal("tenant_tpm", None)
+    await store.release(second, used_tokens=60)
+    assert (await store.rate_limits(t)).remaining_tokens == 30
+
+
+async def test_tenant_kv_share(store):
+    a, t = spec("a", blocks=101, seqs=100), TenantPolicy("t", kv_share=0.05)
+    held = await store.try_admit(tenant_ask(a, t, blocks=3, max_blocks=5))
+    assert isinstance(held, Lease)
+    assert await store.try_admit(tenant_ask(a, t, blocks=3, max_blocks=5)) == Refusal(
+        "tenant_kv_share"
+    )
+    fits = await store.try_admit(tenant_ask(a, t, blocks=2, max_blocks=5))
+    assert isinstance(fits, Lease)
+    other = await store.try_admit(tenant_ask(a, TenantPolicy("u"), blocks=50, max_blocks=50))
+    assert isinstance(other, Lease)
+    await release_all(store, [held, fits, other])
+
+
+async def test_rate_limits_without_limits(store):
+    assert await store.rate_limits(TenantPolicy("free")) == RateLimitState()
+
+
+# ---- the fair line ---------------------------------------------------------------------
+
+
+def queue_entry(a, tenant, blocks=2, max_wait_s=10.0):
+    engines = frozenset(c.view.spec.name for c in a.candidates)
+    return QueueEntry(a.lease_id, tenant, engines, blocks, max_wait_s)
+
+
+async def test_fair_order_across_tenants(store):
+    a = spec("a", blocks=11, seqs=100)
+    hog = await store.try_admit(ask(a, blocks=10))
+    ta, tb = TenantPolicy("ta"), TenantPolicy("tb")
+    a_asks = [tenant_ask(a, ta, queued=True) for _ in range(3)]
+    b_ask = tenant_ask(a, tb, queued=True)
+    assert await store.try_admit(replace(a_asks[0], queued=False)) == Refusal("no_capacity")
+    for x in [*a_asks, b_ask]:
+        assert await store.enqueue(queue_entry(x, x.tenant), max_length=10) == "queued"
+    # Tags: ta 0, 2, 4; tb 0 (after ta's first by arrival): tb's one entry is second.
+    await store.release(hog)
+    assert await store.try_admit(a_asks[1]) == Refusal("queued_ahead")
+    assert await store.try_admit(b_ask) == Refusal("queued_ahead")
+    got = [await store.try_admit(x) for x in (a_asks[0], b_ask, a_asks[1], a_asks[2])]
+    assert all(isinstance(g, Lease) for g in got), got
+    assert await store.queue_length() == 0
+    await release_all(store, got)
+
+
+async def test_a_flooding_tenant_does_not_push_a_quiet_one_back(store):
+    a = spec("a", blocks=11, seqs=100)
+    hog = await store.try_admit(ask(a, blocks=10))
+    noisy, quiet = TenantPolicy("noisy"), TenantPolicy("quiet")
+    flood = [tenant_ask(a, noisy, queued=True) for _ in range(20)]
+    for x in flood:
+        assert await store.enqueue(queue_entry(x, noisy), max_length=100) == "queued"
+    calm = tenant_ask(a, quiet, queued=True)
+    assert await store.enqueue(queue_entry(calm, quiet), max_length=100) == "queued"
+    await store.release(hog)
+    assert await store.try_admit(calm) == Refusal("queued_ahead")  # one noisy entry first
+    first = await store.try_admit(flood[0])
+    second = await store.try_admit(calm)
+    assert isinstance(first, Lease) and isinstance(second, Lease)
+    for x in flood[1:]:
+        await store.dequeue(x.lease_id)
+    await release_all(store, [first, second])
+
+
+async def test_priority_passes_lower_classes(store):
+    a = spec("a", blocks=11, seqs=100)
+    held = await store.try_admit(ask(a, blocks=6))
+    big = tenant_ask(a, TenantPolicy("low"), blocks=8, queued=True)
+    assert await store.enqueue(queue_entry(big, big.tenant, 8), max_length=10) == "queued"
+    # Same class: the small newcomer may not overtake the waiting big one...
+    assert await store.try_admit(tenant_ask(a, TenantPolicy("peer"))) == Refusal("queued_ahead")
+    # ...a higher class may (it stands first in the line).
+    vip = await store.try_admit(tenant_ask(a, TenantPolicy("vip", priority=5)))
+    assert isinstance(vip, Lease)
+    await store.dequeue(big.lease_id)
+    await release_all(store, [held, vip])
+
+
+async def test_tenant_queue_cap_and_idempotent_enqueue(store):
+    a = spec("a")
+    capped = TenantPolicy("capped", max_queued=1)
+    x, y, z = (tenant_ask(a, capped) for _ in range(3))
+    assert await store.enqueue(queue_entry(x, capped), max_length=10) == "queued"
+    assert await store.enqueue(queue_entry(x, capped), max_length=10) == "queued"  # same id
+    assert await store.queue_length() == 1
+    assert await store.enqueue(queue_entry(y, capped), max_length=10) == "tenant_queue_full"
+    free = TenantPolicy("free")
+    assert await store.enqueue(queue_entry(z, free), max_length=10) == "queued"
+    assert await store.enqueue(queue_entry(y, free), max_length=2) == "queue_full"
+    for entry_id in (x.lease_id, z.lease_id):
+        await store.dequeue(entry_id)
+
+
+async def test_queue_entries_expire(store):
+    a = spec("a")
+    gone = ask(a)
+    assert await store.enqueue(queue_entry(gone, DEFAULT_TENANT, max_wait_s=0.2), 10) == "queued"
+    assert await store.try_admit(ask(a)) == Refusal("queued_ahead")
+    waiter = asyncio.create_task(store.wait_for_change(5.0))
+    await asyncio.sleep(0.3)
+    # The crashed waiter's entry no longer holds the line.
+    lease = await store.try_admit(ask(a))
+    assert isinstance(lease, Lease)
+    assert await store.queue_length() == 0
+    await asyncio.wait_for(waiter, 5.0)
+    await store.release(lease)
+
+
+async def test_blocks_ahead_counts_competing_entries(store):
+    a, b = spec("a"), spec("b")
+    xs = [ask(a), ask(a, b), ask(b)]
+    for x, blocks in zip(xs, (1, 2, 4), strict=True):
+        assert await store.enqueue(queue_entry(x, DEFAULT_TENANT, blocks), 10) == "queued"
+    assert await store.blocks_ahead(frozenset({"a"})) == 3
+    assert await store.blocks_ahead(frozenset({"b"})) == 6
+    assert await store.blocks_ahead(frozenset({"c"})) == 0
+    for x in xs:
+        await store.dequeue(x.lease_id)
+
+
+async def test_fresh_ask_of_a_queued_tenant_waits_behind_its_own_entry(store):
+    a, b = spec("a"), spec("b")
+    t = TenantPolicy("t")
+    waiting = tenant_ask(a, t, queued=True)
+    assert await store.enqueue(queue_entry(waiting, t), 10) == "queued"
+    assert await store.try_admit(tenant_ask(a, t)) == Refusal("queued_ahead")
+    elsewhere = await store.try_admit(tenant_ask(b, t))  # other engines are not held up
+    assert isinstance(elsewhere, Lease)
+    own = await store.try_admit(waiting)  # a queued ask passes itself
+    assert isinstance(own, Lease)
+    await release_all(store, [elsewhere, own])
