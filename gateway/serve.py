@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import signal
 import sys
 
 import uvicorn
@@ -12,6 +13,7 @@ import uvicorn
 from gateway.config import ConfigError, GatewayConfig, load_config
 from gateway.engines.discovery import DiscoveryError
 from gateway.http.app import create_app
+from gateway.http.embedded import EmbeddedServer
 from gateway.runtime import build_runtime
 
 log = logging.getLogger("gateway")
@@ -24,6 +26,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--log-level", default="info", choices=["debug", "info", "warning", "error"]
     )
+    parser.add_argument(
+        "--drain-s",
+        type=float,
+        default=30.0,
+        help="on SIGTERM/SIGINT, how long in-flight requests may finish before they are cut",
+    )
 
 
 def configure_logging(level: str) -> None:
@@ -34,22 +42,41 @@ def configure_logging(level: str) -> None:
     )
 
 
-async def serve(cfg: GatewayConfig, host: str, port: int, log_level: str) -> None:
+async def serve(
+    cfg: GatewayConfig, host: str, port: int, log_level: str, drain_s: float = 30.0
+) -> None:
     """Discover the engines, then serve until SIGINT/SIGTERM (uvicorn drains in-flight requests)."""
     runtime = await build_runtime(cfg)
     app = create_app(cfg, runtime)
-    server = uvicorn.Server(
-        uvicorn.Config(app, host=host, port=port, log_level=log_level, lifespan="on")
+    server = EmbeddedServer(
+        uvicorn.Config(
+            app,
+            host=host,
+            port=port,
+            log_level=log_level,
+            lifespan="on",
+            timeout_graceful_shutdown=max(1, round(drain_s)),
+        )
     )
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, _stop, server)
     log.info("kv-gateway listening on http://%s:%d", host, port)
     await server.serve()
+
+
+def _stop(server: uvicorn.Server) -> None:
+    """First signal: drain and stop; a second one: stop now."""
+    if server.should_exit:
+        server.force_exit = True
+    server.should_exit = True
 
 
 def run(args: argparse.Namespace) -> int:
     configure_logging(args.log_level)
     try:
         cfg = load_config(args.config)
-        asyncio.run(serve(cfg, args.host, args.port, args.log_level))
+        asyncio.run(serve(cfg, args.host, args.port, args.log_level, args.drain_s))
     except ConfigError as e:
         print(f"kv-gateway: {e}", file=sys.stderr)
         return 2
