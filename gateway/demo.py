@@ -96,17 +96,14 @@ Ctrl-C stops everything.
 
 
 async def run_demo(host: str, port: int) -> None:
-    from gateway.sim.server import create_app as create_sim_app
+    from gateway.sim.embedded import running_sim
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     async with contextlib.AsyncExitStack() as stack:
-        engines = [
-            await stack.enter_async_context(running_app(create_sim_app(cfg)))
-            for cfg in _sim_configs()
-        ]
+        engines = [await stack.enter_async_context(running_sim(cfg)) for cfg in _sim_configs()]
         cfg = demo_config(engines)
         runtime = await build_runtime(cfg)
         url = await stack.enter_async_context(

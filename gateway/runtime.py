@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from gateway.auth import Authenticator
 from gateway.config import GatewayConfig
@@ -13,6 +13,7 @@ from gateway.core.routing import Router
 from gateway.engines.monitor import EngineMonitor
 from gateway.engines.pool import EnginePool
 from gateway.engines.setup import resolve_engines
+from gateway.http.metrics import GatewayMetrics
 from gateway.proxy import Upstream
 from gateway.scheduler import Scheduler
 from gateway.service import Service
@@ -34,6 +35,7 @@ class Runtime:
     service: Service
     auth: Authenticator
     monitor: EngineMonitor
+    metrics: GatewayMetrics = field(default_factory=GatewayMetrics)
 
     async def aclose(self) -> None:
         await self.monitor.stop()

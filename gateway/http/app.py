@@ -6,6 +6,7 @@ import contextlib
 import time
 from collections.abc import AsyncIterator
 
+from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
@@ -56,6 +57,11 @@ async def ready(request: Request) -> Response:
     missing = sorted(m for m, engines in models.items() if not engines)
     body = {"status": "not ready" if missing else "ready", "models": models, "unserved": missing}
     return JSONResponse(body, status_code=503 if missing else 200)
+
+
+async def metrics(request: Request) -> Response:
+    runtime = _runtime(request)
+    return Response(await runtime.metrics.render(runtime), media_type=CONTENT_TYPE_LATEST)
 
 
 async def status(request: Request) -> Response:
@@ -123,6 +129,7 @@ def create_app(cfg: GatewayConfig, runtime: Runtime | None = None) -> Starlette:
         Route("/v1/models", list_models, methods=["GET"]),
         Route("/health", health, methods=["GET"]),
         Route("/ready", ready, methods=["GET"]),
+        Route("/metrics", metrics, methods=["GET"]),
         Route("/admin/status", status, methods=["GET"]),
     ]
     return Starlette(

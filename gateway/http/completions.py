@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 import uuid
 
 import httpx
@@ -75,11 +76,14 @@ class CompletionsEndpoint:
         lease: Lease | None = None
         meter: UsageMeter | None = None
         tenant = DEFAULT_TENANT
+        model, outcome = "", "cancelled"
         try:
             tenant = runtime.auth.tenant(auth)
             inbound = parse_body(body, self.kind)
-            streaming = inbound.stream
+            streaming, model = inbound.stream, inbound.model
+            arrived = time.monotonic()
             admitted = await runtime.service.admit(inbound, tenant)
+            runtime.metrics.admission_wait.labels(model).observe(time.monotonic() - arrived)
             lease, engine = admitted.lease, admitted.engine
             try:
                 response = await runtime.upstream.open(
@@ -117,6 +121,7 @@ class CompletionsEndpoint:
                     }
                 )
                 started = True
+                outcome = str(response.status_code)
                 async for chunk in runtime.upstream.chunks(response):
                     meter.feed(chunk)
                     await send({"type": "http.response.body", "body": chunk, "more_body": True})
@@ -124,6 +129,7 @@ class CompletionsEndpoint:
             finally:
                 await response.aclose()
         except GatewayError as e:
+            outcome = e.code or str(e.status)
             if isinstance(e, RateLimited) and not started:
                 e.headers.update(
                     (k.decode(), v.decode()) for k, v in await rate_limit_headers(runtime, tenant)
@@ -132,6 +138,7 @@ class CompletionsEndpoint:
         except (OSError, httpx.HTTPError) as e:  # the client's socket broke while we sent
             log.info("request %s: connection lost: %s", request_id, type(e).__name__)
         except Exception:
+            outcome = "internal_error"
             log.exception("request %s failed", request_id)
             await _fail(
                 send,
@@ -141,6 +148,7 @@ class CompletionsEndpoint:
                 streaming=streaming,
             )
         finally:
+            runtime.metrics.requests.labels(model, outcome).inc()
             if lease is not None:
                 # Shielded: a second cancellation must not lose the release.
                 used = meter.total_tokens() if meter is not None else None

@@ -149,3 +149,27 @@ async def test_request_that_never_fits_is_400_with_numbers():
         assert r.status_code == 400
         message = r.json()["error"]["message"]
         assert "KV blocks" in message and "at most" in message
+
+
+async def test_gateway_metrics_count_outcomes_and_state():
+    from prometheus_client.parser import text_string_to_metric_families
+
+    async with gateway_over([FAST]) as gw, httpx.AsyncClient() as http:
+        await http.post(
+            gw.url + "/v1/completions", json={"model": "tiny", "prompt": "x", "max_tokens": 2}
+        )
+        await http.post(gw.url + "/v1/completions", json={"model": "nope", "prompt": "x"})
+        page = (await http.get(gw.url + "/metrics")).text
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(page)
+        for s in family.samples
+    }
+    assert samples[("kv_gateway_requests_total", (("model", "tiny"), ("outcome", "200")))] == 1
+    assert (
+        samples[("kv_gateway_requests_total", (("model", "nope"), ("outcome", "model_not_found")))]
+        == 1
+    )
+    assert samples[("kv_gateway_reserved_blocks", (("engine", "e0"),))] == 0
+    assert samples[("kv_gateway_engine_healthy", (("engine", "e0"),))] == 1
+    assert samples[("kv_gateway_admission_wait_seconds_count", (("model", "tiny"),))] == 1

@@ -1,0 +1,76 @@
+"""The gateway's own `/metrics` (Prometheus text), in a registry of its own.
+
+Counters are updated on the request path; gauges of state (reservations, queue, health) are
+read from the store and the pool when scraped.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+if TYPE_CHECKING:
+    from gateway.runtime import Runtime
+
+WAIT_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+
+
+class GatewayMetrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.requests = Counter(
+            "kv_gateway_requests",
+            "Requests answered, by model and outcome (HTTP status, or the 429/4xx/5xx code).",
+            ["model", "outcome"],
+            registry=self.registry,
+        )
+        self.admission_wait = Histogram(
+            "kv_gateway_admission_wait_seconds",
+            "Time from arrival to a reservation (queueing included), admitted requests only.",
+            ["model"],
+            buckets=WAIT_BUCKETS,
+            registry=self.registry,
+        )
+        self.queue_length = Gauge(
+            "kv_gateway_queue_length", "Requests waiting for capacity.", registry=self.registry
+        )
+        self.reserved_blocks = Gauge(
+            "kv_gateway_reserved_blocks", "KV blocks reserved.", ["engine"], registry=self.registry
+        )
+        self.reserved_seqs = Gauge(
+            "kv_gateway_reserved_seqs", "Sequences reserved.", ["engine"], registry=self.registry
+        )
+        self.capacity_blocks = Gauge(
+            "kv_gateway_capacity_blocks",
+            "KV blocks reservations may hold (kv_ceiling × usable blocks).",
+            ["engine"],
+            registry=self.registry,
+        )
+        self.engine_healthy = Gauge(
+            "kv_gateway_engine_healthy",
+            "1 while the engine is routed to.",
+            ["engine"],
+            registry=self.registry,
+        )
+        self.engine_used_blocks = Gauge(
+            "kv_gateway_engine_reported_used_blocks",
+            "KV blocks the engine reported in use at its last scrape.",
+            ["engine"],
+            registry=self.registry,
+        )
+
+    async def render(self, runtime: Runtime) -> bytes:
+        loads = await runtime.store.loads()
+        self.queue_length.set(await runtime.store.queue_length())
+        for state in runtime.pool:
+            name = state.spec.name
+            load = loads.get(name)
+            self.reserved_blocks.labels(name).set(load.reserved_blocks if load else 0)
+            self.reserved_seqs.labels(name).set(load.reserved_seqs if load else 0)
+            self.capacity_blocks.labels(name).set(
+                state.spec.capacity_blocks(runtime.cfg.admission.kv_ceiling)
+            )
+            self.engine_healthy.labels(name).set(1 if state.healthy else 0)
+            self.engine_used_blocks.labels(name).set(state.used_blocks or 0)
+        return generate_latest(self.registry)
