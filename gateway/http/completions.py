@@ -13,13 +13,15 @@ import contextlib
 import logging
 import time
 import uuid
+from dataclasses import dataclass
 
 import httpx
 from starlette.types import Receive, Scope, Send
 
+from gateway.core.types import EngineSpec, TenantPolicy
 from gateway.errors import GatewayError, RateLimited, UpstreamUnavailable
 from gateway.http.errors import rate_limit_headers, send_error, sse_error_event
-from gateway.http.parse import Kind, parse_body
+from gateway.http.parse import Inbound, Kind, parse_body
 from gateway.runtime import Runtime
 from gateway.state.base import DEFAULT_TENANT, Lease
 from gateway.usage import UsageMeter
@@ -71,97 +73,109 @@ class CompletionsEndpoint:
     async def _serve(
         self, runtime: Runtime, body: bytes, request_id: str, auth: str | None, send: Send
     ) -> None:
-        started = False
-        streaming = False
-        lease: Lease | None = None
-        meter: UsageMeter | None = None
-        tenant = DEFAULT_TENANT
-        model, outcome = "", "cancelled"
+        call = _Call(runtime, request_id)
         try:
-            tenant = runtime.auth.tenant(auth)
+            call.tenant = runtime.auth.tenant(auth)
             inbound = parse_body(body, self.kind)
-            streaming, model = inbound.stream, inbound.model
-            arrived = time.monotonic()
-            admitted = await runtime.service.admit(inbound, tenant)
-            runtime.metrics.admission_wait.labels(model).observe(time.monotonic() - arrived)
-            lease, engine = admitted.lease, admitted.engine
+            call.streaming, call.model = inbound.stream, inbound.model
+            engine, response = await self._admit_and_open(call, inbound, body)
             try:
-                response = await runtime.upstream.open(
-                    engine.url, self.path, body, _upstream_headers(request_id)
-                )
-            except UpstreamUnavailable as e:
-                # Nothing reached the client yet: eject the engine, move the reservation to
-                # another engine (released first, never counted twice) and try once more.
-                runtime.monitor.eject(engine.name, e.message)
-                await runtime.service.release(lease)
-                lease = None
-                admitted = await runtime.service.admit(
-                    inbound, tenant, exclude=frozenset({engine.name}), shape=admitted.shape
-                )
-                lease, engine = admitted.lease, admitted.engine
-                response = await runtime.upstream.open(
-                    engine.url, self.path, body, _upstream_headers(request_id)
-                )
-            meter = UsageMeter(streaming=streaming, prompt_tokens=admitted.prompt_tokens)
-            try:
-                if response.status_code >= 500:
-                    text = (await response.aread()).decode(errors="replace")[:500]
-                    raise UpstreamUnavailable(
-                        f"engine {engine.name!r} answered {response.status_code}: {text}"
-                    )
-                headers = [(k, v) for k, v in response.headers.raw if k.lower() in PASS_BACK]
-                headers.append((b"x-request-id", request_id.encode()))
-                headers.append((b"x-kv-gateway-engine", engine.name.encode()))
-                headers += await rate_limit_headers(runtime, tenant)
-                await send(
-                    {
-                        "type": "http.response.start",
-                        "status": response.status_code,
-                        "headers": headers,
-                    }
-                )
-                started = True
-                outcome = str(response.status_code)
-                async for chunk in runtime.upstream.chunks(response):
-                    meter.feed(chunk)
-                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
-                await send({"type": "http.response.body", "body": b"", "more_body": False})
+                await self._relay(call, engine, response, send)
             finally:
                 await response.aclose()
         except GatewayError as e:
-            outcome = e.code or str(e.status)
-            if isinstance(e, RateLimited) and not started:
-                e.headers.update(
-                    (k.decode(), v.decode()) for k, v in await rate_limit_headers(runtime, tenant)
-                )
-            await _fail(send, e, request_id, started=started, streaming=streaming)
+            call.outcome = e.code or str(e.status)
+            if isinstance(e, RateLimited) and not call.started:
+                extra = await rate_limit_headers(runtime, call.tenant)
+                e.headers.update((k.decode(), v.decode()) for k, v in extra)
+            await _fail(send, e, call)
         except (OSError, httpx.HTTPError) as e:  # the client's socket broke while we sent
             log.info("request %s: connection lost: %s", request_id, type(e).__name__)
         except Exception:
-            outcome = "internal_error"
+            call.outcome = "internal_error"
             log.exception("request %s failed", request_id)
-            await _fail(
-                send,
-                GatewayError("internal error in the gateway; see its log"),
-                request_id,
-                started=started,
-                streaming=streaming,
-            )
+            await _fail(send, GatewayError("internal error in the gateway; see its log"), call)
         finally:
-            runtime.metrics.requests.labels(model, outcome).inc()
-            if lease is not None:
+            runtime.metrics.requests.labels(call.model, call.outcome).inc()
+            if call.lease is not None:
+                used = call.meter.total_tokens() if call.meter is not None else None
                 # Shielded: a second cancellation must not lose the release.
-                used = meter.total_tokens() if meter is not None else None
-                await asyncio.shield(runtime.service.release(lease, used))
+                await asyncio.shield(runtime.service.release(call.lease, used))
+
+    async def _admit_and_open(
+        self, call: _Call, inbound: Inbound, body: bytes
+    ) -> tuple[EngineSpec, httpx.Response]:
+        """Reserve, then open the upstream request. A connection failure before any byte
+        ejects the engine and moves the reservation to another engine, once: released
+        first, taken again there, never counted twice."""
+        runtime = call.runtime
+        arrived = time.monotonic()
+        admitted = await runtime.service.admit(inbound, call.tenant)
+        runtime.metrics.admission_wait.labels(call.model).observe(time.monotonic() - arrived)
+        call.lease = admitted.lease
+        headers = _upstream_headers(call.request_id)
+        try:
+            response = await runtime.upstream.open(admitted.engine.url, self.path, body, headers)
+        except UpstreamUnavailable as e:
+            runtime.monitor.eject(admitted.engine.name, e.message)
+            lease, call.lease = call.lease, None
+            await runtime.service.release(lease)
+            admitted = await runtime.service.admit(
+                inbound,
+                call.tenant,
+                exclude=frozenset({admitted.engine.name}),
+                shape=admitted.shape,
+            )
+            call.lease = admitted.lease
+            response = await runtime.upstream.open(admitted.engine.url, self.path, body, headers)
+        call.meter = UsageMeter(streaming=call.streaming, prompt_tokens=admitted.prompt_tokens)
+        return admitted.engine, response
+
+    async def _relay(
+        self, call: _Call, engine: EngineSpec, response: httpx.Response, send: Send
+    ) -> None:
+        """The engine's answer to the client, byte for byte, metering usage on the way."""
+        if response.status_code >= 500:
+            text = (await response.aread()).decode(errors="replace")[:500]
+            raise UpstreamUnavailable(
+                f"engine {engine.name!r} answered {response.status_code}: {text}"
+            )
+        headers = [(k, v) for k, v in response.headers.raw if k.lower() in PASS_BACK]
+        headers.append((b"x-request-id", call.request_id.encode()))
+        headers.append((b"x-kv-gateway-engine", engine.name.encode()))
+        headers += await rate_limit_headers(call.runtime, call.tenant)
+        await send(
+            {"type": "http.response.start", "status": response.status_code, "headers": headers}
+        )
+        call.started = True
+        call.outcome = str(response.status_code)
+        assert call.meter is not None
+        async for chunk in call.runtime.upstream.chunks(response):
+            call.meter.feed(chunk)
+            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
 
 
-async def _fail(
-    send: Send, error: GatewayError, request_id: str, *, started: bool, streaming: bool
-) -> None:
+@dataclass
+class _Call:
+    """One request's state on its way through, for clean-up and metrics in `finally`."""
+
+    runtime: Runtime
+    request_id: str
+    tenant: TenantPolicy = DEFAULT_TENANT
+    model: str = ""
+    streaming: bool = False
+    started: bool = False
+    outcome: str = "cancelled"
+    lease: Lease | None = None
+    meter: UsageMeter | None = None
+
+
+async def _fail(send: Send, error: GatewayError, call: _Call) -> None:
     with contextlib.suppress(OSError):
-        if not started:
-            await send_error(send, error, request_id)
-        elif streaming:
+        if not call.started:
+            await send_error(send, error, call.request_id)
+        elif call.streaming:
             await send(
                 {"type": "http.response.body", "body": sse_error_event(error), "more_body": False}
             )
