@@ -6,16 +6,12 @@ boundary, to the gateway's error tree: unreachable → 502, too slow → 504.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator
 
 import httpx
 
 from gateway.config import UpstreamConfig
 from gateway.errors import UpstreamTimeout, UpstreamUnavailable
-
-# Request headers the engine should see; everything else (auth, cookies) stays at the gateway.
-FORWARD_HEADERS = ("content-type", "accept", "x-request-id", "user-agent")
 
 
 class Upstream:
@@ -30,26 +26,45 @@ class Upstream:
             ),
             transport=transport,
         )
+        # The read timeout is per network read: for a stream, the longest silence between two
+        # chunks; for a whole answer, the wait for it. One timer per read, none of our own.
+        self._timeouts = {
+            True: httpx.Timeout(
+                connect=cfg.connect_timeout_s,
+                read=cfg.idle_timeout_s,
+                write=cfg.connect_timeout_s,
+                pool=None,
+            ),
+            False: httpx.Timeout(
+                connect=cfg.connect_timeout_s,
+                read=cfg.first_byte_timeout_s,
+                write=cfg.connect_timeout_s,
+                pool=None,
+            ),
+        }
 
     async def aclose(self) -> None:
         await self.client.aclose()
 
     async def open(
-        self, base_url: str, path: str, body: bytes, headers: dict[str, str]
+        self, base_url: str, path: str, body: bytes, headers: dict[str, str], *, streaming: bool
     ) -> httpx.Response:
         """Send the request and return once the engine's status and headers arrived."""
-        request = self.client.build_request("POST", base_url + path, content=body, headers=headers)
+        request = self.client.build_request(
+            "POST",
+            base_url + path,
+            content=body,
+            headers=headers,
+            timeout=self._timeouts[streaming],
+        )
         try:
-            async with asyncio.timeout(self.cfg.first_byte_timeout_s):
-                return await self.client.send(request, stream=True)
-        except TimeoutError:
-            raise UpstreamTimeout(
-                f"the engine at {base_url} did not answer within "
-                f"{self.cfg.first_byte_timeout_s:g} s"
-            ) from None
+            return await self.client.send(request, stream=True)
         except httpx.TimeoutException as e:
             raise UpstreamTimeout(
-                f"the engine at {base_url} timed out: {type(e).__name__}"
+                f"the engine at {base_url} timed out ({type(e).__name__}); limits: "
+                f"connect {self.cfg.connect_timeout_s:g} s, "
+                f"{'idle' if streaming else 'answer'} "
+                f"{self.cfg.idle_timeout_s if streaming else self.cfg.first_byte_timeout_s:g} s"
             ) from None
         except httpx.TransportError as e:
             raise UpstreamUnavailable(
@@ -57,20 +72,15 @@ class Upstream:
             ) from None
 
     async def chunks(self, response: httpx.Response) -> AsyncIterator[bytes]:
-        """The engine's body as it arrives; a silence longer than `idle_timeout_s` is an error."""
-        iterator = response.aiter_raw().__aiter__()
-        while True:
-            try:
-                async with asyncio.timeout(self.cfg.idle_timeout_s):
-                    chunk = await iterator.__anext__()
-            except StopAsyncIteration:
-                return
-            except TimeoutError:
-                raise UpstreamTimeout(
-                    f"the engine sent nothing for {self.cfg.idle_timeout_s:g} s"
-                ) from None
-            except httpx.HTTPError as e:
-                raise UpstreamUnavailable(
-                    f"the engine's answer broke off: {type(e).__name__}"
-                ) from None
-            yield chunk
+        """The engine's body as it arrives; a silence longer than the read timeout is an error."""
+        try:
+            async for chunk in response.aiter_raw():
+                yield chunk
+        except httpx.ReadTimeout:
+            raise UpstreamTimeout(
+                f"the engine sent nothing for {self.cfg.idle_timeout_s:g} s"
+            ) from None
+        except httpx.HTTPError as e:
+            raise UpstreamUnavailable(
+                f"the engine's answer broke off: {type(e).__name__}"
+            ) from None

@@ -8,10 +8,12 @@ from collections.abc import AsyncIterator
 
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.applications import Starlette
+from starlette.datastructures import State
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
 
 from gateway.config import GatewayConfig
 from gateway.errors import GatewayError
@@ -111,7 +113,29 @@ async def http_error(request: Request, exc: Exception) -> Response:
     return JSONResponse(error.body(), status_code=exc.status_code, headers=exc.headers)
 
 
-def create_app(cfg: GatewayConfig, runtime: Runtime | None = None) -> Starlette:
+class GatewayApp:
+    """The completions paths go straight to their endpoint — the hot path skips Starlette's
+    routing and middleware; everything else (lifespan included) goes to Starlette."""
+
+    def __init__(self, starlette: Starlette, hot: dict[str, CompletionsEndpoint]) -> None:
+        self.starlette = starlette
+        self.hot = hot
+
+    @property
+    def state(self) -> State:
+        return self.starlette.state
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["method"] == "POST":
+            endpoint = self.hot.get(scope["path"])
+            if endpoint is not None:
+                scope["app"] = self.starlette
+                await endpoint(scope, receive, send)
+                return
+        await self.starlette(scope, receive, send)
+
+
+def create_app(cfg: GatewayConfig, runtime: Runtime | None = None) -> GatewayApp:
     """The gateway app. Pass a `runtime` already built (engines discovered) to start faster and
     report start-up errors before binding; otherwise it is built in the lifespan."""
 
@@ -123,15 +147,19 @@ def create_app(cfg: GatewayConfig, runtime: Runtime | None = None) -> Starlette:
         finally:
             await app.state.runtime.aclose()
 
+    hot = {
+        "/v1/chat/completions": CompletionsEndpoint("chat"),
+        "/v1/completions": CompletionsEndpoint("completion"),
+    }
     routes = [
-        Route("/v1/chat/completions", CompletionsEndpoint("chat"), methods=["POST"]),
-        Route("/v1/completions", CompletionsEndpoint("completion"), methods=["POST"]),
+        *(Route(path, endpoint, methods=["POST"]) for path, endpoint in hot.items()),
         Route("/v1/models", list_models, methods=["GET"]),
         Route("/health", health, methods=["GET"]),
         Route("/ready", ready, methods=["GET"]),
         Route("/metrics", metrics, methods=["GET"]),
         Route("/admin/status", status, methods=["GET"]),
     ]
-    return Starlette(
+    starlette = Starlette(
         routes=routes, lifespan=lifespan, exception_handlers={HTTPException: http_error}
     )
+    return GatewayApp(starlette, hot)

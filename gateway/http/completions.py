@@ -115,7 +115,9 @@ class CompletionsEndpoint:
         call.lease = admitted.lease
         headers = _upstream_headers(call.request_id)
         try:
-            response = await runtime.upstream.open(admitted.engine.url, self.path, body, headers)
+            response = await runtime.upstream.open(
+                admitted.engine.url, self.path, body, headers, streaming=call.streaming
+            )
         except UpstreamUnavailable as e:
             runtime.monitor.eject(admitted.engine.name, e.message)
             lease, call.lease = call.lease, None
@@ -127,7 +129,9 @@ class CompletionsEndpoint:
                 shape=admitted.shape,
             )
             call.lease = admitted.lease
-            response = await runtime.upstream.open(admitted.engine.url, self.path, body, headers)
+            response = await runtime.upstream.open(
+                admitted.engine.url, self.path, body, headers, streaming=call.streaming
+            )
         call.meter = UsageMeter(streaming=call.streaming, prompt_tokens=admitted.prompt_tokens)
         return admitted.engine, response
 

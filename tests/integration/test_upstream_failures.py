@@ -1,0 +1,125 @@
+"""Upstream misbehaviour becomes OpenAI errors: a silent engine, a stalled stream, a 500."""
+
+import asyncio
+import contextlib
+import json
+
+import httpx
+import openai
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from gateway.config import parse_config
+from gateway.http.app import create_app
+from gateway.http.embedded import running_app
+from gateway.runtime import build_runtime
+
+
+def misbehaving_engine() -> Starlette:
+    async def completions(request: Request) -> Response:
+        body = await request.json()
+        mode = body["prompt"]
+        if mode == "silent":
+            await asyncio.sleep(3)
+        if mode == "fail":
+            return JSONResponse({"error": {"message": "boom"}}, status_code=500)
+        if mode == "stall":
+
+            async def events():
+                chunk = {"choices": [{"index": 0, "text": "a", "finish_reason": None}]}
+                yield f"data: {json.dumps(chunk)}\n\n"
+                await asyncio.sleep(3)
+                yield "data: [DONE]\n\n"
+
+            return StreamingResponse(events(), media_type="text/event-stream")
+        return JSONResponse({"choices": [{"index": 0, "text": "ok"}], "usage": {"total_tokens": 3}})
+
+    async def health(request: Request) -> Response:
+        return Response()
+
+    async def metrics(request: Request) -> Response:
+        return Response("", media_type="text/plain")
+
+    return Starlette(
+        routes=[
+            Route("/v1/completions", completions, methods=["POST"]),
+            Route("/health", health),
+            Route("/metrics", metrics),
+        ]
+    )
+
+
+@contextlib.asynccontextmanager
+async def gateway_in_front():
+    async with running_app(misbehaving_engine()) as engine:
+        cfg = parse_config(
+            {
+                "engines": [
+                    {
+                        "name": "odd",
+                        "url": engine,
+                        "models": ["tiny"],
+                        "num_gpu_blocks": 65,
+                        "block_size": 16,
+                        "max_num_seqs": 8,
+                        "max_model_len": 512,
+                    }
+                ],
+                "models": [{"name": "tiny", "tokenizer": "hf:@tiny"}],
+                "upstream": {"first_byte_timeout_s": 0.5, "idle_timeout_s": 0.5},
+                "health": {"scrape_interval_s": 0.2},
+            }
+        )
+        runtime = await build_runtime(cfg)
+        async with running_app(create_app(cfg, runtime)) as url:
+            yield url
+
+
+async def reserved(http, url):
+    status = (await http.get(url + "/admin/status")).json()
+    return status["engines"][0]["reserved_blocks"]
+
+
+async def test_silent_engine_is_504_and_nothing_stays_reserved():
+    async with gateway_in_front() as url, httpx.AsyncClient(timeout=10) as http:
+        r = await http.post(
+            url + "/v1/completions", json={"model": "tiny", "prompt": "silent", "max_tokens": 4}
+        )
+        assert r.status_code == 504 and r.json()["error"]["code"] == "upstream_timeout"
+        assert await reserved(http, url) == 0
+
+
+async def test_stalled_stream_ends_with_an_error_event():
+    async with gateway_in_front() as url:
+        client = openai.AsyncOpenAI(base_url=url + "/v1", api_key="x", max_retries=0, timeout=10)
+        stream = await client.completions.create(
+            model="tiny", prompt="stall", max_tokens=4, stream=True
+        )
+        got = []
+        try:
+            async for chunk in stream:
+                got.append(chunk)
+            raise AssertionError("the stream should have ended with an error")
+        except openai.APIError as e:
+            assert "sent nothing" in str(e)
+        assert len(got) == 1  # the chunk before the stall reached the client
+        await client.close()
+        async with httpx.AsyncClient() as http:
+            assert await reserved(http, url) == 0
+
+
+async def test_engine_500_is_502_in_openai_shape():
+    async with gateway_in_front() as url, httpx.AsyncClient(timeout=10) as http:
+        r = await http.post(
+            url + "/v1/completions", json={"model": "tiny", "prompt": "fail", "max_tokens": 4}
+        )
+        assert r.status_code == 502
+        error = r.json()["error"]
+        assert error["code"] == "upstream_unavailable" and "500" in error["message"]
+        ok = await http.post(
+            url + "/v1/completions", json={"model": "tiny", "prompt": "fine", "max_tokens": 4}
+        )
+        assert ok.status_code == 200 and ok.json()["choices"][0]["text"] == "ok"
+        assert await reserved(http, url) == 0
