@@ -71,16 +71,28 @@ def parse(text: str) -> EngineMetrics:
     )
 
 
-def scrape(engine_url: str, client: httpx.Client | None = None) -> EngineMetrics:
+# The same registry, served without a worker thread. vLLM 0.32 answers `GET /metrics` with a
+# synchronous handler that runs in a thread pool; while a request is generating, the API server's
+# event loop keeps retaking the GIL and, on 2 busy cores, that thread can wait up to ~1 s. Its
+# fallback mount for `/metrics/` (prometheus_client's ASGI app) runs on the event loop and
+# answers in milliseconds. Watchers that sample during a request use it.
+SAMPLING_PATH = "/metrics/"
+
+
+def scrape(
+    engine_url: str, client: httpx.Client | None = None, *, path: str = "/metrics"
+) -> EngineMetrics:
     if client is None:
         with httpx.Client(timeout=10.0) as own:
-            return scrape(engine_url, own)
-    response = client.get(f"{engine_url}/metrics")
+            return scrape(engine_url, own, path=path)
+    response = client.get(f"{engine_url}{path}")
     response.raise_for_status()
     return parse(response.text)
 
 
-async def ascrape(engine_url: str, client: httpx.AsyncClient) -> EngineMetrics:
-    response = await client.get(f"{engine_url}/metrics")
+async def ascrape(
+    engine_url: str, client: httpx.AsyncClient, *, path: str = "/metrics"
+) -> EngineMetrics:
+    response = await client.get(f"{engine_url}{path}")
     response.raise_for_status()
     return parse(response.text)

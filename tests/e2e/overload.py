@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import httpx
 import openai
 
-from tests.e2e.engine_metrics import EngineMetrics, ascrape
+from tests.e2e.engine_metrics import SAMPLING_PATH, EngineMetrics, ascrape
 
 # About 20 tokens with the project's tiny tokenizer (the tests check the count on the engine).
 PROMPT = "import os\nimport sys\n\ndef main(argv):\n    return 0\n"
@@ -80,7 +80,7 @@ async def run_overload(
 
         async def watch() -> None:
             while not done.is_set():
-                m = await ascrape(engine_url, http)
+                m = await ascrape(engine_url, http, path=SAMPLING_PATH)
                 peaks["running"] = max(peaks["running"], m.running)
                 peaks["waiting"] = max(peaks["waiting"], m.waiting)
                 peaks["usage"] = max(peaks["usage"], m.kv_cache_usage_perc)

