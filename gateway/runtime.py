@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import logging
+import os
 import random
+import socket
+import uuid
 from dataclasses import dataclass, field
+from urllib.parse import urlsplit, urlunsplit
 
 from gateway.auth import Authenticator
 from gateway.config import GatewayConfig
@@ -19,6 +23,7 @@ from gateway.scheduler import Scheduler
 from gateway.service import Service
 from gateway.state.base import StateStore
 from gateway.state.memory import InMemoryStore
+from gateway.state.redis import RedisStore
 from gateway.tokens import make_counter
 from gateway.tokens.protocol import TokenCounter
 
@@ -43,6 +48,31 @@ class Runtime:
         await self.upstream.aclose()
 
 
+def make_store(cfg: GatewayConfig, router: Router) -> StateStore:
+    """In-process state, or Redis when configured (several replicas share it)."""
+    if cfg.redis is None:
+        return InMemoryStore(router, random.Random(cfg.routing.seed))
+    replica = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+    log.info("shared state: Redis %s (replica %s)", _redacted(cfg.redis.url), replica)
+    return RedisStore(
+        cfg.redis.url,
+        router.scorer_names,
+        replica_id=replica,
+        lease_ttl_s=cfg.redis.lease_ttl_s,
+        key_prefix=cfg.redis.key_prefix,
+        on_failure=cfg.redis.on_failure,
+        local_share=cfg.redis.local_share,
+        seed=cfg.routing.seed,
+    )
+
+
+def _redacted(url: str) -> str:
+    parts = urlsplit(url)
+    if parts.password:
+        parts = parts._replace(netloc=parts.netloc.replace(parts.password, "***"))
+    return urlunsplit(parts)
+
+
 async def build_runtime(cfg: GatewayConfig) -> Runtime:
     upstream = Upstream(cfg.upstream)
     try:
@@ -52,7 +82,7 @@ async def build_runtime(cfg: GatewayConfig) -> Runtime:
         raise
     pool = EnginePool(specs, sources)
     router = Router(cfg.routing.scorers)
-    store = InMemoryStore(router, random.Random(cfg.routing.seed))
+    store = make_store(cfg, router)
     scheduler = Scheduler(
         store=store,
         pool=pool,

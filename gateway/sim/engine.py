@@ -201,6 +201,8 @@ class EngineSnapshot:
     prompt_tokens: int
     generation_tokens: int
     finished: dict[str, int] = field(default_factory=dict)
+    peak_running: int = 0
+    peak_used_blocks: int = 0
 
 
 @dataclass(frozen=True)
@@ -230,6 +232,8 @@ class Engine:
         self._free_blocks = limits.usable_blocks
         self._in_flight: Batch | None = None
         self.num_preemptions = 0
+        self.peak_running = 0
+        self.peak_used_blocks = 0
         self.prompt_tokens = 0
         self.generation_tokens = 0
         self.finished_counts: dict[str, int] = {"stop": 0, "length": 0, "abort": 0}
@@ -317,6 +321,9 @@ class Engine:
             prefill_tokens += self._prefill_part(seq, num_new)
             budget -= num_new
 
+        # Peaks of the scheduled state: what a test of "never more than …" needs, exactly.
+        self.peak_running = max(self.peak_running, len(self._running))
+        self.peak_used_blocks = max(self.peak_used_blocks, self.used_blocks)
         batch = Batch(
             started_at=now,
             seconds=self.timing.step_seconds(prefill_tokens, len(scheduled)),
@@ -382,6 +389,8 @@ class Engine:
             prompt_tokens=self.prompt_tokens,
             generation_tokens=self.generation_tokens,
             finished=dict(self.finished_counts),
+            peak_running=self.peak_running,
+            peak_used_blocks=self.peak_used_blocks,
         )
 
     def requests(self) -> list[RequestView]:

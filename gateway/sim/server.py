@@ -190,6 +190,8 @@ async def _sim_state(state: SimState, request: Request) -> Response:
             "running": snap.running,
             "waiting": snap.waiting,
             "num_preemptions": snap.num_preemptions,
+            "peak_running": snap.peak_running,
+            "peak_used_blocks": snap.peak_used_blocks,
             "requests": [vars(v) for v in engine.requests()],
         }
     )

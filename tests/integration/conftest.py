@@ -3,7 +3,6 @@ test's event loop, with the official `openai` client as the client."""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import dataclasses
 from collections.abc import AsyncIterator, Callable
@@ -76,31 +75,3 @@ async def gateway_over(sims: list[SimConfig], **overrides: Any) -> AsyncIterator
 @pytest.fixture
 def make_gateway() -> Callable[..., contextlib.AbstractAsyncContextManager[Gateway]]:
     return gateway_over
-
-
-class PeakWatcher:
-    """Samples engines' scheduler state every few ms while a burst runs."""
-
-    def __init__(self, engines: list[Engine]) -> None:
-        self.engines = engines
-        self.peak_running = [0] * len(engines)
-        self.peak_used = [0] * len(engines)
-        self._task: asyncio.Task[None] | None = None
-
-    async def _run(self) -> None:
-        while True:
-            for i, e in enumerate(self.engines):
-                snap = e.sim.engine.snapshot()
-                self.peak_running[i] = max(self.peak_running[i], snap.running)
-                self.peak_used[i] = max(self.peak_used[i], snap.used_blocks)
-            await asyncio.sleep(0.002)
-
-    async def __aenter__(self) -> PeakWatcher:
-        self._task = asyncio.create_task(self._run())
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        assert self._task is not None
-        self._task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self._task
