@@ -60,21 +60,20 @@ async def test_urls_only_config_works_end_to_end():
         gateway([{"url": a.url}]) as (url, _),
         httpx.AsyncClient() as http,
     ):
-        if True:
-            engine = (await status(http, url))[f"127.0.0.1:{a.port}"]
-            assert (engine["num_gpu_blocks"], engine["block_size"], engine["max_model_len"]) == (
-                97,
-                16,
-                512,
-            )
-            assert engine["sources"]["num_gpu_blocks"] == "discovered:/metrics"
-            assert engine["sources"]["max_model_len"] == "discovered:/v1/models"
-            assert engine["sources"]["max_num_seqs"].startswith("default:")
-            r = await http.post(
-                url + "/v1/completions", json={"model": "tiny", "prompt": "hi", "max_tokens": 4}
-            )
-            assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 4
-            assert (await http.get(url + "/ready")).json()["status"] == "ready"
+        engine = (await status(http, url))[f"127.0.0.1:{a.port}"]
+        assert (engine["num_gpu_blocks"], engine["block_size"], engine["max_model_len"]) == (
+            97,
+            16,
+            512,
+        )
+        assert engine["sources"]["num_gpu_blocks"] == "discovered:/metrics"
+        assert engine["sources"]["max_model_len"] == "discovered:/v1/models"
+        assert engine["sources"]["max_num_seqs"].startswith("default:")
+        r = await http.post(
+            url + "/v1/completions", json={"model": "tiny", "prompt": "hi", "max_tokens": 4}
+        )
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 4
+        assert (await http.get(url + "/ready")).json()["status"] == "ready"
 
 
 async def test_killed_engine_is_ejected_streams_end_and_queue_moves_on():
@@ -208,15 +207,14 @@ async def test_connection_failure_before_first_byte_fails_over_once():
         # Scrapes rarely: the gateway learns of a's death from the proxy, not the monitor.
         health = {"scrape_interval_s": 30, "timeout_s": 1}
         async with gateway(engines, health=health) as (url, _), httpx.AsyncClient() as http:
-            if True:
-                a.kill()  # a has the most free blocks: it is picked first
-                r = await http.post(
-                    url + "/v1/completions", json={"model": "tiny", "prompt": "x", "max_tokens": 2}
-                )
-                assert r.status_code == 200 and r.headers["x-kv-gateway-engine"] == "b"
-                after = await status(http, url)
-                assert not after["a"]["healthy"]
-                assert after["a"]["reserved_blocks"] == 0 and after["b"]["reserved_blocks"] == 0
+            a.kill()  # a has the most free blocks: it is picked first
+            r = await http.post(
+                url + "/v1/completions", json={"model": "tiny", "prompt": "x", "max_tokens": 2}
+            )
+            assert r.status_code == 200 and r.headers["x-kv-gateway-engine"] == "b"
+            after = await status(http, url)
+            assert not after["a"]["healthy"]
+            assert after["a"]["reserved_blocks"] == 0 and after["b"]["reserved_blocks"] == 0
 
 
 @pytest.mark.parametrize("fixture", ["metrics-cpu-0.32.txt"])

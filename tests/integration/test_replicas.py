@@ -1,0 +1,250 @@
+"""Several gateway replicas (real `kv-gateway serve` processes) sharing one real Redis."""
+
+import asyncio
+import contextlib
+import time
+import uuid
+
+import httpx
+import pytest
+import redis
+
+from tests.integration.processes import GatewayProcess, RedisServer, SimProcess
+
+pytestmark = pytest.mark.redis
+
+SHARED_REDIS = "redis://127.0.0.1:6379/0"
+PROMPT = list(range(100, 110))  # 10 token ids: the footprint is exact
+BLOCK = 16
+
+
+def config(engine: SimProcess, *, redis_url=SHARED_REDIS, prefix=None, **extra):
+    cfg = {
+        "engines": [{"name": "e0", "url": engine.url, "max_num_seqs": 64}],
+        "models": [{"name": "tiny", "tokenizer": "hf:@tiny"}],
+        "admission": {"kv_ceiling": 1.0},
+        "queue": {"max_length": 20, "max_wait_s": 1.0},
+        "redis": {
+            "url": redis_url,
+            "key_prefix": prefix or f"t{uuid.uuid4().hex[:10]}",
+            "lease_ttl_s": 3,
+        },
+        "health": {"scrape_interval_s": 0.5},
+    }
+    cfg.update(extra)
+    return cfg
+
+
+@contextlib.asynccontextmanager
+async def replicas(cfg, n, tmp_path):
+    procs = [GatewayProcess(cfg, tmp_path) for _ in range(n)]
+    try:
+        await asyncio.gather(*(p.start() for p in procs))
+        yield procs
+    finally:
+        for p in procs:
+            p.stop()
+
+
+async def complete(http, url, max_tokens=150, key=None, stream=False):
+    headers = {"authorization": f"Bearer {key}"} if key else {}
+    return await http.post(
+        url + "/v1/completions",
+        headers=headers,
+        json={
+            "model": "tiny",
+            "prompt": PROMPT,
+            "max_tokens": max_tokens,
+            "ignore_eos": True,
+            "stream": stream,
+        },
+    )
+
+
+async def sim_state(http, engine):
+    return (await http.get(engine.url + "/sim/state")).json()
+
+
+async def settled(http, gateways):
+    """Every replica sees nothing reserved and nobody queued (waits for releases to land)."""
+    for _ in range(100):
+        statuses = [(await http.get(g.url + "/admin/status")).json() for g in gateways]
+        if all(
+            s["queue"]["length"] == 0
+            and all(e["reserved_blocks"] == 0 and e["reserved_seqs"] == 0 for e in s["engines"])
+            for s in statuses
+        ):
+            return True
+        await asyncio.sleep(0.05)
+    return statuses
+
+
+def keys_without_ttl(url, prefix):
+    client = redis.Redis.from_url(url)
+    try:
+        return [k for k in client.scan_iter(match=f"{{{prefix}}}*") if client.ttl(k) < 0]
+    finally:
+        client.close()
+
+
+async def test_burst_across_three_replicas_never_overcommits(tmp_path):
+    # Capacity for exactly 10 requests: 100 usable blocks, 10 blocks each (10 + 150 tokens).
+    engine = await SimProcess(
+        num_gpu_blocks=101,
+        max_num_seqs=64,
+        max_model_len=512,
+        decode_ms_base=3.0,
+        decode_ms_per_seq=0.02,
+    ).start()
+    prefix = f"t{uuid.uuid4().hex[:10]}"
+    try:
+        limits = httpx.Limits(max_connections=300)
+        async with (
+            replicas(config(engine, prefix=prefix), 3, tmp_path) as gws,
+            httpx.AsyncClient(timeout=60, limits=limits) as http,
+        ):
+            for trial in range(4):
+                results = await asyncio.gather(
+                    *(complete(http, gws[i % 3].url) for i in range(200))
+                )
+                codes = [r.status_code for r in results]
+                assert set(codes) <= {200, 429}, (trial, sorted(set(codes)))
+                assert codes.count(200) >= 10
+                assert await settled(http, gws) is True
+            state = await sim_state(http, engine)
+        # Over all trials the engine never held more than the 100 blocks the gateways share,
+        # never ran more than 10 requests, and never preempted.
+        assert 0 < state["peak_used_blocks"] <= 100
+        assert 0 < state["peak_running"] <= 10
+        assert state["num_preemptions"] == 0
+        assert keys_without_ttl(SHARED_REDIS, prefix) == []
+    finally:
+        engine.stop()
+
+
+async def test_tenant_limits_hold_across_replicas(tmp_path):
+    import hashlib
+
+    def digest(key):
+        return hashlib.sha256(key.encode()).hexdigest()
+
+    engine = await SimProcess(
+        num_gpu_blocks=1025, max_num_seqs=128, max_model_len=512, decode_ms_base=4.0
+    ).start()
+    tenants = [
+        {"name": "conc", "api_keys": [digest("k-conc")], "max_concurrency": 3},
+        {"name": "rpm", "api_keys": [digest("k-rpm")], "rpm": 10},
+        # Each request is charged 10 + 90 = 100 tokens: 1000 tokens admit about 10.
+        {"name": "tpm", "api_keys": [digest("k-tpm")], "tpm": 1000},
+    ]
+    try:
+        async with (
+            replicas(
+                config(engine, tenants=tenants, queue={"max_length": 50, "max_wait_s": 5}),
+                3,
+                tmp_path,
+            ) as gws,
+            httpx.AsyncClient(timeout=60) as http,
+        ):
+            conc = await asyncio.gather(
+                *(complete(http, gws[i % 3].url, max_tokens=100, key="k-conc") for i in range(12))
+            )
+            peak_running = (await sim_state(http, engine))["peak_running"]
+            rpm = await asyncio.gather(
+                *(complete(http, gws[i % 3].url, max_tokens=4, key="k-rpm") for i in range(30))
+            )
+            tpm = await asyncio.gather(
+                *(complete(http, gws[i % 3].url, max_tokens=90, key="k-tpm") for i in range(30))
+            )
+            unauth = await complete(http, gws[0].url, max_tokens=4, key="wrong")
+            assert await settled(http, gws) is True
+        conc_codes = [r.status_code for r in conc]
+        assert conc_codes.count(200) >= 3
+        assert all(
+            r.json()["error"]["code"] == "tenant_concurrency" for r in conc if r.status_code == 429
+        )
+        assert peak_running <= 3
+        ok_rpm = [r for r in rpm if r.status_code == 200]
+        assert 10 <= len(ok_rpm) <= 11
+        limited = [r for r in rpm if r.status_code == 429]
+        assert limited and all(r.json()["error"]["code"] == "tenant_rpm" for r in limited)
+        assert all(int(r.headers["retry-after"]) >= 1 for r in limited)
+        assert ok_rpm[0].headers["x-ratelimit-limit-requests"] == "10"
+        assert "x-ratelimit-remaining-requests" in ok_rpm[0].headers
+        ok_tpm = [r for r in tpm if r.status_code == 200]
+        assert 9 <= len(ok_tpm) <= 11
+        assert all(r.json()["error"]["code"] == "tenant_tpm" for r in tpm if r.status_code == 429)
+        assert unauth.status_code == 401 and unauth.json()["error"]["code"] == "invalid_api_key"
+    finally:
+        engine.stop()
+
+
+async def test_killed_replica_leases_expire(tmp_path):
+    engine = await SimProcess(
+        num_gpu_blocks=1025, max_num_seqs=64, max_model_len=512, decode_ms_base=20.0
+    ).start()
+    try:
+        async with (
+            replicas(config(engine), 2, tmp_path) as (doomed, survivor),
+            httpx.AsyncClient(timeout=60) as http,
+        ):
+            streams = [
+                asyncio.create_task(complete(http, doomed.url, max_tokens=400, stream=True))
+                for _ in range(5)
+            ]
+            for _ in range(100):
+                held = (await http.get(survivor.url + "/admin/status")).json()["engines"][0]
+                if held["reserved_seqs"] == 5:
+                    break
+                await asyncio.sleep(0.05)
+            assert held["reserved_seqs"] == 5  # the survivor sees the doomed replica's leases
+            doomed.kill()
+            killed = time.monotonic()
+            await asyncio.gather(*streams, return_exceptions=True)
+            while time.monotonic() - killed < 10:
+                held = (await http.get(survivor.url + "/admin/status")).json()["engines"][0]
+                if held["reserved_blocks"] == 0:
+                    break
+                await asyncio.sleep(0.1)
+            returned_after = time.monotonic() - killed
+        assert held["reserved_blocks"] == 0 and held["reserved_seqs"] == 0
+        assert returned_after <= 3 + 1.5, returned_after  # lease_ttl_s 3, plus a renewal period
+    finally:
+        engine.stop()
+
+
+@pytest.mark.parametrize("on_failure", ["fail_closed", "fail_open_local"])
+async def test_redis_restart_mid_load(tmp_path, on_failure):
+    private = RedisServer().start()
+    engine = await SimProcess(num_gpu_blocks=1025, max_num_seqs=64, max_model_len=512).start()
+    prefix = f"t{uuid.uuid4().hex[:10]}"
+    try:
+        cfg = config(engine, redis_url=private.url, prefix=prefix)
+        cfg["redis"]["on_failure"] = on_failure
+        async with replicas(cfg, 2, tmp_path) as gws, httpx.AsyncClient(timeout=30) as http:
+            before = await asyncio.gather(*(complete(http, g.url, max_tokens=8) for g in gws))
+            assert [r.status_code for r in before] == [200, 200]
+            private.stop()
+            during = await asyncio.gather(*(complete(http, g.url, max_tokens=8) for g in gws))
+            if on_failure == "fail_closed":
+                assert [r.status_code for r in during] == [503, 503]
+                assert all(r.json()["error"]["code"] == "state_unavailable" for r in during)
+            else:
+                assert [r.status_code for r in during] == [200, 200]
+            private = RedisServer.__new__(RedisServer)
+            private.port = int(cfg["redis"]["url"].rsplit(":", 1)[1].split("/")[0])
+            private.proc = None
+            private.start()
+            recovered = []
+            for _ in range(60):
+                after = await asyncio.gather(*(complete(http, g.url, max_tokens=8) for g in gws))
+                recovered = [r.status_code for r in after]
+                if recovered == [200, 200]:
+                    break
+                await asyncio.sleep(0.25)
+            assert recovered == [200, 200]
+            assert await settled(http, gws) is True
+        assert keys_without_ttl(private.url, prefix) == []
+    finally:
+        engine.stop()
+        private.stop()
