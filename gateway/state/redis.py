@@ -279,9 +279,8 @@ class RedisStore:
         self._closed = True
         for task in self._tasks:
             task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        if self._tasks:
+            await asyncio.wait(self._tasks, timeout=2.0)  # a swallowed cancel ends within 1 s
         self._tasks.clear()
         self._notify()
         await self._local.close()
@@ -345,18 +344,20 @@ class RedisStore:
         ]
         for c in ask.candidates:
             spec = c.view.spec
-            # Leases granted locally in an outage still occupy the engine: Redis does not
-            # know them, so they are added to what the engine reports in use.
+            # Leases granted locally in an outage still occupy the engine and Redis does
+            # not know them: they count as reserved.
             mine = local.get(spec.name, EngineLoad())
             args += [
                 spec.name,
                 str(spec.capacity_blocks(ask.kv_ceiling)),
                 str(spec.max_num_seqs),
-                str(c.view.reported_blocks + mine.reserved_blocks),
-                str(c.view.reported_seqs + mine.reserved_seqs),
+                str(c.view.reported_blocks),
+                str(c.view.reported_seqs),
                 "1" if c.view.healthy else "0",
                 str(c.need.blocks),
                 str(c.need.seqs),
+                str(mine.reserved_blocks),
+                str(mine.reserved_seqs),
             ]
         return args
 
@@ -461,12 +462,14 @@ class RedisStore:
             self._pending_dequeue.discard(entry_id)
 
     async def _listen_forever(self) -> None:
-        while True:
+        # Ends on `_closed` as well as on cancellation: redis-py's get_message may swallow a
+        # cancel that arrives as its own timeout fires.
+        while not self._closed:
             pubsub = self._redis.pubsub(ignore_subscribe_messages=True)
             try:
                 await pubsub.subscribe(self.channel)
                 self._notify()  # anything may have changed while we were not listening
-                while True:
+                while not self._closed:
                     message = await pubsub.get_message(timeout=1.0)
                     if message is not None:
                         self._notify()

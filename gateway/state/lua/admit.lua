@@ -2,8 +2,9 @@
 -- ARGV: 3 lease id, 4 replica, 5 lease ttl s, 6 tenant, 7 priority, 8 weight,
 --   9 max concurrency, 10 rpm, 11 tpm, 12 tenant max blocks ('' = no limit), 13 tokens,
 --   14 queued '1'/'0', 15 tie-break seed ('' = Redis TIME microseconds), 16 scorers (csv),
---   17 candidate count, then per candidate 8 values: name, capacity blocks at the ceiling,
---   max_num_seqs, reported blocks, reported seqs, healthy '1'/'0', need blocks, need seqs.
+--   17 candidate count, then per candidate 10 values: name, capacity blocks at the ceiling,
+--   max_num_seqs, reported blocks, reported seqs, healthy '1'/'0', need blocks, need seqs,
+--   blocks and seqs this replica holds outside Redis (leases granted in an outage).
 --   Free capacity counts the larger of what the gateway reserved and what the engine
 --   reports in use (gateway/core/types.py EngineView).
 -- Reply: {'lease', engine, blocks, seqs} | {'refused', code, retry_after_s or ''}
@@ -53,11 +54,12 @@ local count = tonumber(ARGV[17])
 local held = num(redis.call('HGET', K_TEN, 'k:' .. tenant))
 local engines, within = {}, {}
 for i = 0, count - 1 do
-  local base = 18 + i * 8
+  local base = 18 + i * 10
   local c = {
     name = ARGV[base], cap = tonumber(ARGV[base + 1]), max_seqs = tonumber(ARGV[base + 2]),
     rep_b = tonumber(ARGV[base + 3]), rep_s = tonumber(ARGV[base + 4]),
     healthy = ARGV[base + 5] == '1', b = tonumber(ARGV[base + 6]), s = tonumber(ARGV[base + 7]),
+    off_b = tonumber(ARGV[base + 8]), off_s = tonumber(ARGV[base + 9]),
   }
   engines[c.name] = true
   if max_blocks == nil or held + c.b <= max_blocks then within[#within + 1] = c end
@@ -72,8 +74,8 @@ if blocked(key, engines, id) then return refuse('queued_ahead') end
 -- Routing (gateway/core/routing.py): filter, score, then a seeded choice among ties.
 local best, ties = nil, {}
 for _, c in ipairs(within) do
-  local res_b = num(redis.call('HGET', K_LOAD, 'b:' .. c.name))
-  local res_s = num(redis.call('HGET', K_LOAD, 's:' .. c.name))
+  local res_b = num(redis.call('HGET', K_LOAD, 'b:' .. c.name)) + c.off_b
+  local res_s = num(redis.call('HGET', K_LOAD, 's:' .. c.name)) + c.off_s
   local free = c.cap - math.max(res_b, c.rep_b)
   local running = math.max(res_s, c.rep_s)
   if c.healthy and c.b <= free and c.s <= c.max_seqs - running then

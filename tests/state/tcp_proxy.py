@@ -1,0 +1,68 @@
+"""A TCP forwarder to Redis that a test can cut and restore: Redis lost and back, without
+touching the shared server."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+
+class TcpProxy:
+    def __init__(self, target_host: str = "127.0.0.1", target_port: int = 6379) -> None:
+        self.target = (target_host, target_port)
+        self.port = 0
+        self._server: asyncio.Server | None = None
+        self._writers: set[asyncio.StreamWriter] = set()
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    async def start(self) -> None:
+        self._server = await asyncio.start_server(
+            self._accept, "127.0.0.1", self.port, reuse_address=True
+        )
+        self.port = self._server.sockets[0].getsockname()[1]
+
+    async def stop(self) -> None:
+        """Refuse new connections and cut every open one."""
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()
+            self._server = None
+        for writer in list(self._writers):
+            writer.close()
+        if self._tasks:
+            await asyncio.wait(list(self._tasks), timeout=2.0)
+        for writer in list(self._writers):
+            with contextlib.suppress(OSError):
+                await writer.wait_closed()
+        self._writers.clear()
+
+    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._tasks.add(task)
+        self._writers.add(writer)
+        upstream_writer = None
+        try:
+            up_reader, upstream_writer = await asyncio.open_connection(*self.target)
+            self._writers.add(upstream_writer)
+            await asyncio.gather(self._pipe(reader, upstream_writer), self._pipe(up_reader, writer))
+        finally:
+            self._tasks.discard(task)
+            for w in (writer, upstream_writer):
+                if w is not None:
+                    w.close()
+
+    @staticmethod
+    async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while data := await reader.read(65536):
+                writer.write(data)
+                await writer.drain()
+        except OSError:
+            pass
+        finally:
+            writer.close()

@@ -1,0 +1,285 @@
+"""What only the Redis store has: several replicas, lease expiry, pub/sub, losing Redis."""
+
+import asyncio
+import json
+import random
+import socket
+import time
+from dataclasses import replace
+
+import pytest
+import redis.asyncio as aioredis
+
+from gateway.core.types import EngineLoad, TenantPolicy
+from gateway.state.base import DEFAULT_TENANT, Lease, QueueEntry, Refusal
+from gateway.state.errors import StateUnavailable
+from gateway.state.redis import RedisStore
+from gateway.state.totals import StoreTotals
+
+from .conftest import REDIS_URL, assert_clean, drop_keys, redis_store
+from .tcp_proxy import TcpProxy
+from .test_conformance import ask, spec
+
+pytestmark = pytest.mark.redis
+
+
+@pytest.fixture
+async def replicas(prefix):
+    """Make stores sharing one prefix ("replicas"); at the end all must be empty and clean."""
+    made: list[RedisStore] = []
+
+    def make(replica: str, **kwargs) -> RedisStore:
+        s = redis_store(prefix, replica, **kwargs)
+        made.append(s)
+        return s
+
+    try:
+        yield make
+        checker = redis_store(prefix, "checker")
+        try:
+            assert await checker.totals() == StoreTotals()
+        finally:
+            await checker.close()
+        await assert_clean(prefix)
+    finally:
+        for s in made:
+            await s.close()
+        await drop_keys(prefix)
+
+
+def closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+async def test_lease_is_recorded_with_owner_and_expiry(replicas, prefix):
+    store = replicas("replica-a", lease_ttl_s=5)
+    t = TenantPolicy("t", tpm=1000)
+    lease = await store.try_admit(replace(ask(spec("a"), blocks=3), tenant=t, tokens=40))
+    client = aioredis.from_url(REDIS_URL)
+    try:
+        record = json.loads(await client.hget(f"{{{prefix}}}:leases", lease.id))
+        expiry = await client.zscore(f"{{{prefix}}}:lexp", lease.id)
+        now = float(".".join(str(p) for p in await client.time()))
+    finally:
+        await client.aclose()
+    assert record["r"] == "replica-a" and record["e"] == "a" and record["t"] == "t"
+    assert (record["b"], record["s"], record["k"]) == (3, 1, 40)
+    assert now + 4 < expiry <= now + 5
+    assert store.held == {lease.id}
+    assert await store.release(lease, used_tokens=40) is True
+    assert store.held == frozenset()
+
+
+CAPACITY = {"a": 20, "b": 12}
+CAPPED = TenantPolicy("capped", max_concurrency=4)
+
+
+async def burst(stores, rng: random.Random, n: int = 200) -> int:
+    """`n` concurrent requests spread over `stores`, each holding its lease a few ms.
+    Asserts at every grant that no engine and no tenant is over its limit; returns how many
+    were granted."""
+    a, b = spec("a", blocks=21, seqs=100), spec("b", blocks=13, seqs=100)
+    held = {"a": 0, "b": 0, "capped": 0}
+    granted = 0
+
+    async def one(i: int) -> None:
+        nonlocal granted
+        store = stores[i % len(stores)]
+        tenant = CAPPED if i % 5 == 0 else DEFAULT_TENANT
+        x = replace(ask(a, b, blocks=2), tenant=tenant)
+        for _ in range(3):
+            got = await store.try_admit(x)
+            if isinstance(got, Lease):
+                break
+            await asyncio.sleep(rng.random() / 500)
+        else:
+            return
+        granted += 1
+        # Counted from the grant's reply until before the release is sent: within the time
+        # Redis holds the lease, so any excess seen here is a real over-commit.
+        held[got.engine] += got.blocks
+        held["capped"] += tenant is CAPPED
+        assert held[got.engine] <= CAPACITY[got.engine]
+        assert held["capped"] <= CAPPED.max_concurrency
+        await asyncio.sleep(rng.random() / 200)
+        held[got.engine] -= got.blocks
+        held["capped"] -= tenant is CAPPED
+        assert await store.release(got) is True
+
+    await asyncio.gather(*(one(i) for i in range(n)))
+    return granted
+
+
+async def test_replicas_never_overcommit_under_bursts(replicas):
+    """200 concurrent asks over three replicas against room for 10 + 6, many trials."""
+    stores = [replicas(f"replica-{i}") for i in range(3)]
+    rng = random.Random(7)
+    for _trial in range(12):
+        assert await burst(stores, rng) >= 16
+        assert await stores[0].totals() == StoreTotals()
+
+
+async def test_killed_replica_leases_expire_within_ttl(replicas):
+    ttl = 0.6
+    doomed = replicas("doomed", lease_ttl_s=ttl)
+    survivor = replicas("survivor", lease_ttl_s=ttl)
+    a = spec("a", blocks=11)
+    leases = [await doomed.try_admit(ask(a, blocks=5)) for _ in range(2)]
+    assert all(isinstance(x, Lease) for x in leases)
+    killed_at = time.monotonic()
+    doomed.stop_renewing()  # SIGKILL as the others see it: nothing released, nothing renewed
+    assert await survivor.try_admit(ask(a, blocks=5)) == Refusal("no_capacity")
+    while (await survivor.loads()).get("a", EngineLoad()) != EngineLoad():
+        assert time.monotonic() - killed_at < ttl + 0.3, "leases outlived their TTL"
+        await asyncio.sleep(0.02)
+    back = await survivor.try_admit(ask(a, blocks=10))
+    assert isinstance(back, Lease)
+    assert await survivor.release(back) is True
+    assert await doomed.release(leases[0]) is False  # reaped already: release is a no-op
+
+
+async def test_renewal_keeps_running_leases(replicas):
+    store = replicas("replica-a", lease_ttl_s=0.4)
+    lease = await store.try_admit(ask(spec("a"), blocks=2))
+    await asyncio.sleep(1.2)  # three TTLs; the store renews every TTL/3
+    assert (await store.loads())["a"] == EngineLoad(2, 1)
+    assert await store.release(lease) is True
+
+
+async def test_a_waiter_on_one_replica_wakes_on_a_release_on_another(replicas):
+    one, other = replicas("one"), replicas("other")
+    lease = await one.try_admit(ask(spec("a"), blocks=2))
+    await other.wait_for_change(0.2)  # starts its listener (and returns on its first notice)
+    await asyncio.sleep(0.1)
+    waiter = asyncio.create_task(other.wait_for_change(5.0))
+    await asyncio.sleep(0.05)
+    assert not waiter.done()
+    started = time.monotonic()
+    await one.release(lease)
+    await asyncio.wait_for(waiter, 1.0)
+    assert time.monotonic() - started < 0.5  # woken by pub/sub, not by the 5 s timeout
+
+
+async def test_fair_line_is_shared_by_replicas(replicas):
+    one, other = replicas("one"), replicas("other")
+    a = spec("a", blocks=11)
+    hog = await one.try_admit(ask(a, blocks=10))
+    first = replace(ask(a, blocks=4), queued=True)
+    entry = QueueEntry(first.lease_id, DEFAULT_TENANT, frozenset({"a"}), 4, 10.0)
+    assert await one.enqueue(entry, 10) == "queued"
+    assert await other.queue_length() == 1
+    assert await other.blocks_ahead(frozenset({"a"})) == 4
+    assert await other.try_admit(ask(a, blocks=1)) == Refusal("queued_ahead")
+    await other.release(Lease(hog.id, "", 0, 0))  # release by id, from another replica
+    got = await one.try_admit(first)
+    assert isinstance(got, Lease)
+    assert await one.release(got) is True
+
+
+# ---- losing Redis ----------------------------------------------------------------------
+
+
+async def test_unreachable_redis_fails_closed():
+    store = RedisStore(f"redis://127.0.0.1:{closed_port()}/0", ["most_free_blocks"], replica_id="r")
+    try:
+        with pytest.raises(StateUnavailable) as raised:
+            await store.try_admit(ask(spec("a")))
+        assert raised.value.status == 503 and raised.value.code == "state_unavailable"
+        with pytest.raises(StateUnavailable):
+            await store.enqueue(QueueEntry("e", DEFAULT_TENANT, frozenset({"a"}), 1, 1.0), 5)
+        with pytest.raises(StateUnavailable):
+            await store.loads()
+        # Calls made from `finally` blocks never raise.
+        assert await store.release(Lease("unknown", "a", 1, 1)) is False
+        await store.dequeue("e")
+        await store.renew([Lease("unknown", "a", 1, 1)])
+        await store.wait_for_change(0.05)
+        assert store.degraded
+    finally:
+        await store.close()
+
+
+async def test_unreachable_redis_fail_open_local_admits_a_local_share():
+    store = RedisStore(
+        f"redis://127.0.0.1:{closed_port()}/0",
+        ["most_free_blocks"],
+        replica_id="r",
+        on_failure="fail_open_local",
+        local_share=0.5,
+    )
+    try:
+        a = spec("a", blocks=21, seqs=100)  # 20 blocks; locally 10
+        leases = []
+        while isinstance(got := await store.try_admit(ask(a, blocks=2)), Lease):
+            leases.append(got)
+        assert len(leases) == 5 and got == Refusal("no_capacity")
+        capped = TenantPolicy("capped", max_concurrency=4)  # locally 2
+        x = [await store.try_admit(replace(ask(spec("b"), blocks=1), tenant=capped)) for _ in "abc"]
+        assert [type(r).__name__ for r in x] == ["Lease", "Lease", "Refusal"]
+        assert await store.loads() == {"a": EngineLoad(10, 5), "b": EngineLoad(2, 2)}
+        for lease in [*leases, *x[:2]]:
+            assert await store.release(lease) is True
+        assert await store.loads() == {}
+    finally:
+        await store.close()
+
+
+@pytest.mark.parametrize("on_failure", ["fail_closed", "fail_open_local"])
+async def test_redis_lost_and_back(prefix, on_failure):
+    proxy = TcpProxy()
+    await proxy.start()
+    store = RedisStore(
+        proxy.url,
+        ["most_free_blocks"],
+        replica_id="r",
+        key_prefix=prefix,
+        on_failure=on_failure,
+        lease_ttl_s=0.6,
+        timeout_s=0.5,
+    )
+    try:
+        a = spec("a", blocks=21, seqs=100)
+        before = await store.try_admit(ask(a, blocks=4))
+        assert isinstance(before, Lease)
+        await proxy.stop()  # Redis is gone
+        local = None
+        if on_failure == "fail_closed":
+            with pytest.raises(StateUnavailable):
+                await store.try_admit(ask(a, blocks=4))
+        else:
+            local = await store.try_admit(ask(a, blocks=4))
+            assert isinstance(local, Lease)
+        # Released during the outage: accepted, retried once Redis is back.
+        assert await store.release(before) is True
+        await proxy.start()  # Redis is back, same address
+        deadline = time.monotonic() + 5
+        while True:
+            try:
+                totals = await store.totals()  # only ever read from Redis
+                break
+            except StateUnavailable:
+                assert time.monotonic() < deadline, "did not resume"
+                await asyncio.sleep(0.1)
+        after = await store.try_admit(ask(a, blocks=4))
+        assert isinstance(after, Lease) and not store.degraded
+        assert (await store.totals()).leases == totals.leases + 1  # granted by Redis
+        while (await store.totals()).leases > 1:  # the outage's release, retried (or expired)
+            assert time.monotonic() < deadline, await store.totals()
+            await asyncio.sleep(0.05)
+        if local is not None:
+            # The lease granted locally still occupies its engine as Redis sees it: with
+            # `after` (4) and it (4) held, 12 blocks of 20 are free.
+            assert await store.try_admit(ask(a, blocks=13)) == Refusal("no_capacity")
+            assert await store.release(local) is True
+        big = await store.try_admit(ask(a, blocks=13))
+        assert isinstance(big, Lease)
+        assert await store.release(big) is True
+        assert await store.release(after) is True
+        assert await store.totals() == StoreTotals()
+        await assert_clean(prefix)
+    finally:
+        await store.close()
+        await proxy.stop()
+        await drop_keys(prefix)
