@@ -9,8 +9,10 @@ Start-time fair queuing (Goyal et al., 1996), charged by KV blocks:
   queued in the class (the entry "in service" in SFQ terms), or — with nothing queued — the
   largest start tag ever served there.
 - `F_t` is the larger of the finish tag of the tenant's last *served* entry and the finish
-  tag of its last *queued* entry: an entry that leaves without being served (timeout, client
-  gone) leaves no trace, so abandoned requests cost a tenant nothing.
+  tag of its last *queued* entry. An entry that leaves without being served (timeout, client
+  gone) leaves no trace: the tenant's later entries move back by its charge, so abandoned
+  requests cost a tenant nothing (measured in loadtest/bench_fairness.py: without this, a
+  tenant whose oldest entries time out falls below its share).
 - Admissions that never queued are charged too (`charge`), so a tenant that just took a
   burst of capacity directly goes behind the others when the line forms.
 
@@ -26,7 +28,7 @@ implements the same rules in Lua; the conformance suite checks that they agree.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 PRIORITY_LIMIT = 10**9
 """|priority| must stay below this (the Redis adapter encodes it in fixed width)."""
@@ -65,6 +67,10 @@ class Waiting:
         return (-self.priority, self.start, self.seq)
 
 
+def _by_key(entry: Waiting) -> Key:
+    return entry.key
+
+
 class FairQueue:
     """The waiting line and the fair-sharing tags. Mutable; one instance per store."""
 
@@ -87,7 +93,7 @@ class FairQueue:
         return sum(1 for e in self._entries.values() if e.tenant == tenant)
 
     def in_order(self) -> list[Waiting]:
-        return sorted(self._entries.values(), key=lambda e: e.key)
+        return sorted(self._entries.values(), key=_by_key)
 
     def virtual_now(self, priority: int) -> float:
         starts = [e.start for e in self._entries.values() if e.priority == priority]
@@ -142,8 +148,20 @@ class FairQueue:
         return entry
 
     def leave(self, entry_id: str) -> Waiting | None:
-        """Leave without being served: the tenant's tags forget the entry."""
-        return self._entries.pop(entry_id, None)
+        """Leave without being served (timeout, client gone): the entry leaves no trace.
+
+        The tenant's later entries in the class move back by its charge, never before the
+        place it held — otherwise every abandoned request would leave a hole in the
+        tenant's run of tags and cost it its share while it keeps waiting."""
+        gone = self._entries.pop(entry_id, None)
+        if gone is not None:
+            charge = gone.finish - gone.start
+            for e in list(self._entries.values()):
+                if e.tenant == gone.tenant and e.priority == gone.priority and e.key > gone.key:
+                    start = max(gone.start, e.start - charge)
+                    moved = replace(e, start=start, finish=start + (e.finish - e.start))
+                    self._entries[e.id] = moved
+        return gone
 
     def serve(self, entry_id: str) -> Waiting | None:
         """The entry was admitted: its tags become the tenant's and the class's history."""
@@ -160,9 +178,9 @@ class FairQueue:
 
     def expire(self, now: float) -> list[Waiting]:
         """Remove and return entries whose time is up (they leave without service)."""
-        gone = [e for e in self._entries.values() if e.expires_at <= now]
+        gone = sorted((e for e in self._entries.values() if e.expires_at <= now), key=_by_key)
         for e in gone:
-            del self._entries[e.id]
+            self.leave(e.id)
         return gone
 
     def blocked(self, key: Key, engines: frozenset[str], own_id: str | None = None) -> bool:

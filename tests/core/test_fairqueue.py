@@ -113,7 +113,8 @@ def test_expire_removes_by_time_and_push_is_idempotent():
         q.push(old.id, tenant="x", priority=3, weight=1, engines=(), blocks=9, expires_at=0) == old
     )
     assert q.expire(10) == [old]
-    assert q.in_order() == [keep] and len(q) == 1 and q.count("a") == 1 and old.id not in q
+    assert [e.id for e in q.in_order()] == [keep.id]
+    assert len(q) == 1 and q.count("a") == 1 and old.id not in q
 
 
 @pytest.mark.parametrize(
@@ -210,3 +211,34 @@ def test_equal_weights_equal_shares_over_a_long_run(seed_blocks):
         push(q, head.tenant, next(cycle[head.tenant]))
     assert abs(served["a"] - served["b"]) <= 64
     assert abs(served["a"] / (served["a"] + served["b"]) - 0.5) < 0.01
+
+
+def test_leaving_closes_the_gap_in_the_tenants_run():
+    q = FairQueue()
+    a = [push(q, "a", blocks=b) for b in (2, 3, 4)]  # starts 0, 2, 5
+    other = push(q, "b", blocks=1)  # start 0
+    q.leave(a[1].id)
+    # As if a[1] had never come: a[2] starts where a[1] did; b is untouched.
+    assert q.get(a[2].id).start == 2 and q.get(a[2].id).finish == 6
+    assert q.get(other.id) == other
+    # Expiry closes gaps the same way.
+    late = push(q, "a", blocks=1, expires_at=5)
+    after = push(q, "a", blocks=1)
+    assert (late.start, after.start) == (6, 7)
+    assert q.expire(10) == [late]
+    assert q.get(after.id).start == 6
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    blocks=st.lists(blocks_st, min_size=2, max_size=15),
+    gone=st.data(),
+)
+def test_an_abandoned_entry_leaves_no_trace(blocks, gone):
+    """Leaving equals never having joined, for a backlogged tenant."""
+    skip = gone.draw(st.integers(0, len(blocks) - 1))
+    q, ref = FairQueue(), FairQueue()
+    entries = [push(q, "a", b) for b in blocks]
+    kept = [push(ref, "a", b) for i, b in enumerate(blocks) if i != skip]
+    q.leave(entries[skip].id)
+    assert [e.start for e in q.in_order()] == [e.start for e in kept]

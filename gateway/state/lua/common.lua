@@ -148,13 +148,39 @@ local function push(id, tenant, prio, weight, engines, blocks, expires_at)
   }))
 end
 
-local function leave(id)
+-- Move the tenant's entries after `e` (same class) back by e's charge, never before e's
+-- start: an entry that leaves unserved leaves no hole in the tenant's run of tags.
+local function close_gap(e)
+  local charge = tonumber(e.f) - tonumber(e.s)
+  local p = e.t .. '\0' .. pkey(e.p)
+  for _, q in ipairs(redis.call('ZRANGEBYLEX', K_QTF, '(' .. e.q, '(' .. p .. ';')) do
+    local id = member_id(string.sub(q, #e.t + 2))
+    local x = entry(id)
+    local s, f = tonumber(x.s), tonumber(x.f)
+    local start = math.max(tonumber(e.s), s - charge)
+    if start ~= s then
+      local seq = string.match(x.m, '^%d+:[%d%.]+:(%d+):')
+      redis.call('ZREM', K_Q, x.m)
+      redis.call('ZREM', K_QTF, x.q)
+      x.m = member(x.p, start, seq, id)
+      x.q = x.t .. '\0' .. x.m
+      x.s, x.f = fmt(start), fmt(start + (f - s))
+      redis.call('ZADD', K_Q, 0, x.m)
+      redis.call('ZADD', K_QTF, 0, x.q)
+      redis.call('HSET', K_QENT, id, cjson.encode(x))
+    end
+  end
+end
+
+-- Take an entry off the line; `served` false: it left unserved (timeout, client gone).
+local function leave(id, served)
   local e = entry(id)
   redis.call('ZREM', K_QEXP, id)
   if not e then return nil end
   redis.call('HDEL', K_QENT, id)
   redis.call('ZREM', K_Q, e.m)
   redis.call('ZREM', K_QTF, e.q)
+  if not served then close_gap(e) end
   changed = true
   return e
 end
@@ -166,7 +192,7 @@ local function remember(tenant, prio, start, finish)
 end
 
 local function serve(id)
-  local e = leave(id)
+  local e = leave(id, true)
   if e then remember(e.t, e.p, tonumber(e.s), tonumber(e.f)) end
   return e
 end
@@ -178,7 +204,7 @@ end
 
 local function expire_queue()
   local ids = redis.call('ZRANGEBYSCORE', K_QEXP, '-inf', NOW, 'LIMIT', 0, 500)
-  for _, id in ipairs(ids) do leave(id) end
+  for _, id in ipairs(ids) do leave(id, false) end
 end
 
 -- True when an entry ordered before `key` (a member string) competes for any engine in
