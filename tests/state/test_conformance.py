@@ -343,3 +343,20 @@ async def test_fresh_ask_of_a_queued_tenant_waits_behind_its_own_entry(store):
     own = await store.try_admit(waiting)  # a queued ask passes itself
     assert isinstance(own, Lease)
     await release_all(store, [elsewhere, own])
+
+
+async def test_an_entry_leaving_unserved_closes_its_tenants_gap(store):
+    a = spec("a", blocks=101, seqs=100)
+    hog = await store.try_admit(ask(a, blocks=100))
+    ta, tb = TenantPolicy("ta"), TenantPolicy("tb")
+    xa = [tenant_ask(a, ta, queued=True) for _ in range(3)]  # tags 0, 2, 4
+    xb = [tenant_ask(a, tb, queued=True) for _ in range(3)]  # tags 0, 2, 4 (later arrivals)
+    for x in [*xa, *xb]:
+        assert await store.enqueue(queue_entry(x, x.tenant), max_length=10) == "queued"
+    await store.dequeue(xa[1].lease_id)  # ta's second gives up: its third moves to tag 2
+    await store.release(hog)
+    got = [await store.try_admit(x) for x in (xa[0], xb[0])]
+    assert await store.try_admit(xb[1]) == Refusal("queued_ahead")  # ta's third is ahead
+    got += [await store.try_admit(x) for x in (xa[2], xb[1], xb[2])]
+    assert all(isinstance(g, Lease) for g in got), got
+    await release_all(store, got)
