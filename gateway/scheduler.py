@@ -169,12 +169,17 @@ class Scheduler:
         if refusal.waitable:
             return
         seconds = refusal.retry_after_s
+        message = _TENANT_MESSAGES.get(refusal.code, "{t}: refused").format(t=ask.tenant.name)
+        if refusal.code == "tenant_tpm" and seconds is None:
+            # More than the whole bucket: waiting will not help, a smaller request will.
+            message = (
+                f"This request may use up to {ask.tokens} tokens (prompt plus max output), "
+                f"more than tenant {ask.tenant.name}'s whole limit of {ask.tenant.tpm} tokens "
+                f"per minute; lower max_tokens."
+            )
+            seconds = 60.0
         retry = RetryAdvice(seconds) if seconds is not None else await self._advice(ask)
-        raise RateLimited(
-            _TENANT_MESSAGES.get(refusal.code, "{t}: refused").format(t=ask.tenant.name),
-            code=refusal.code,
-            retry=retry,
-        )
+        raise RateLimited(message, code=refusal.code, retry=retry)
 
     async def _advice(self, ask: Ask) -> RetryAdvice:
         loads = await self.store.loads()

@@ -1,0 +1,74 @@
+"""Tenants through one in-process gateway (the embedded default's state store)."""
+
+import asyncio
+import dataclasses
+import hashlib
+
+import httpx
+
+from tests.integration.conftest import FAST, gateway_over
+
+ENGINE = dataclasses.replace(
+    FAST, num_gpu_blocks=1025, max_num_seqs=64, max_model_len=512, decode_ms_base=3.0
+)
+
+
+def tenant(name, **limits):
+    return {
+        "name": name,
+        "api_keys": [hashlib.sha256(f"key-{name}".encode()).hexdigest()],
+        **limits,
+    }
+
+
+async def call(http, url, name, max_tokens=50):
+    return await http.post(
+        url + "/v1/completions",
+        headers={"authorization": f"Bearer key-{name}"},
+        json={
+            "model": "tiny",
+            "prompt": [1, 2, 3, 4],
+            "max_tokens": max_tokens,
+            "ignore_eos": True,
+        },
+    )
+
+
+async def test_limits_codes_and_headers_in_process():
+    tenants = [
+        tenant("a", max_concurrency=2),
+        tenant("b", rpm=5),
+        tenant("c", tpm=100),
+        tenant("d", kv_share=0.05),
+    ]
+    async with gateway_over([ENGINE], tenants=tenants) as gw, httpx.AsyncClient(timeout=30) as http:
+        conc = await asyncio.gather(*(call(http, gw.url, "a", 100) for _ in range(6)))
+        assert [r.status_code for r in conc].count(200) >= 2
+        assert {r.json()["error"]["code"] for r in conc if r.status_code == 429} == {
+            "tenant_concurrency"
+        }
+        assert gw.engines[0].sim.engine.snapshot().peak_running <= 2
+
+        rpm = [await call(http, gw.url, "b", 2) for _ in range(7)]
+        assert [r.status_code for r in rpm] == [200] * 5 + [429] * 2
+        assert rpm[-1].json()["error"]["code"] == "tenant_rpm"
+        assert rpm[0].headers["x-ratelimit-limit-requests"] == "5"
+        assert rpm[4].headers["x-ratelimit-remaining-requests"] == "0"
+        assert rpm[-1].headers["x-ratelimit-reset-requests"].endswith("s")
+
+        too_big = await call(http, gw.url, "c", 200)  # 4 + 200 tokens > the whole 100 TPM
+        assert too_big.status_code == 429
+        assert "whole limit" in too_big.json()["error"]["message"]
+
+        # kv_share 0.05 of 972 admissible blocks = 48 blocks; each request holds ceil(104/16) = 7.
+        share = await asyncio.gather(*(call(http, gw.url, "d", 100) for _ in range(10)))
+        assert [r.status_code for r in share].count(200) >= 6
+        assert {r.json()["error"]["code"] for r in share if r.status_code == 429} <= {
+            "tenant_kv_share"
+        }
+
+        missing = await http.post(gw.url + "/v1/completions", json={"model": "tiny", "prompt": "x"})
+        assert missing.status_code == 401 and missing.json()["error"]["code"] == "invalid_api_key"
+        status = await gw.status()
+        assert status["queue"]["length"] == 0
+        assert all(e["reserved_blocks"] == 0 for e in status["engines"])
