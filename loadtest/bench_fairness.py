@@ -1,22 +1,35 @@
 """Fairness of the waiting line, measured on the in-process store with a simulated clock.
 
-    .venv/bin/python loadtest/bench_fairness.py [--seconds 600] [--seed 1]
+    .venv/bin/python loadtest/bench_fairness.py [--seconds 3600] [--seeds 1-5]
+                                                [--burst-blocks 32] [--kv-share-variant]
     .venv/bin/python loadtest/bench_fairness.py --wakeup [--redis-url redis://127.0.0.1:6379/0]
 
 Prints figures; asserts nothing about timing. The same `InMemoryStore` the gateway runs
-(`gateway.core.fairqueue` order, no overtaking, per-tenant queue caps, expiry) is driven by a
-discrete-event simulation: Poisson arrivals per tenant, each request holding its KV blocks
-on one engine for an exponential time; a waiting request is retried whenever capacity is
-released, in the order of the line (what the scheduler's waiters do on a change notice).
+(`gateway.core.fairqueue` order with its burst credit, no overtaking, per-tenant queue caps,
+expiry) is driven by a discrete-event simulation: Poisson arrivals per tenant, each request
+holding its KV blocks on one engine for an exponential time; a waiting request is retried
+whenever capacity is released, in the order of the line (what the scheduler's waiters do on a
+change notice). Seeds run in parallel processes.
 
-Scenarios:
+Scenarios (per seed):
 1. two equal-weight tenants both overloading the engine — one with small requests offering
    100% of it, one with large requests offering 300% — each tenant's share of the admitted
    KV·time (blocks × seconds held); the same run with the line ordered first come, first
    served for contrast;
-2. a quiet tenant at 30% of the engine next to a noisy one at its fair share (50%), then at
-   ten times its share (500%), then at 10x with `kv_share: 0.7`: the quiet tenant's p95 queue
-   wait, the numbers and the ratios to the baseline.
+2. a quiet tenant at 30% of the engine next to a noisy one at its fair share (50%: the
+   baseline), then at ten times its share (500%): the quiet tenant's p95 queue wait in both
+   and the ratio. `--kv-share-variant` adds the 10x run with `kv_share: 0.7` on the noisy
+   tenant.
+
+What makes the comparison fair:
+- every tenant draws its arrivals, sizes and hold times from its own random stream (seeded
+  by the seed and the tenant's name), so the quiet tenant sends exactly the same requests at
+  exactly the same times in the baseline and the overload runs: only the noisy tenant differs;
+- a wait is measured from arrival to admission (0 when admitted at once), for the requests
+  that arrive between the warm-up (60 s) and `max_wait_s` (30 s) before the end, so every
+  one of them has an outcome; a quiet request refused or timed out counts as an infinite
+  wait (none were, in the runs in docs/state.md);
+- one hour simulated per run by default: ~9,900 quiet requests per p95.
 
 `--wakeup` measures, on a real Redis, how long a waiter on one replica takes to wake after a
 release on another: pub/sub (what `RedisStore` does) against polling.
@@ -28,12 +41,16 @@ import argparse
 import asyncio
 import heapq
 import itertools
+import math
+import os
 import platform
 import random
 import statistics
 import time
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 
+from gateway.core.fairqueue import BURST_BLOCKS
 from gateway.core.routing import Candidate, Router
 from gateway.core.types import EngineLoad, EngineSpec, EngineView, Footprint, TenantPolicy
 from gateway.state.base import AdmissionAsk, Lease, QueueEntry
@@ -41,6 +58,7 @@ from gateway.state.memory import InMemoryStore
 
 ENGINE = EngineSpec("e0", "http://e0", frozenset({"m"}), 101, 16, 1000, 4096)  # 100 blocks
 MEAN_HOLD_S = 1.0
+WARMUP_S = 60.0
 
 
 @dataclass
@@ -48,10 +66,15 @@ class Tenant:
     policy: TenantPolicy
     rate: float  # requests per second
     blocks: tuple[int, int]  # uniform range of a request's blocks
+    seed: int
     admitted_kv_s: float = 0.0
     waits: list[float] = field(default_factory=list)
     refused: int = 0
     timed_out: int = 0
+
+    def __post_init__(self) -> None:
+        # The tenant's own stream: its requests do not depend on anyone else's.
+        self.rng = random.Random(f"{self.seed}:{self.policy.name}")
 
 
 @dataclass(order=True)
@@ -69,26 +92,31 @@ class Simulation:
         *,
         seconds: float,
         seed: int,
+        burst_blocks: float,
         fifo: bool = False,
         max_length: int = 10_000,
         max_wait_s: float = 60.0,
-        warmup_s: float = 60.0,
     ) -> None:
         self.now = 0.0
         self.tenants = tenants
         self.seconds = seconds
-        self.warmup_s = warmup_s
-        self.rng = random.Random(seed)
         self.fifo = fifo
         self.max_length = max_length
         self.max_wait_s = max_wait_s
-        self.store = InMemoryStore(Router(), random.Random(seed), clock=lambda: self.now)
+        # Requests arriving in this window are measured; each has an outcome by the end.
+        self.measured = (WARMUP_S, seconds - max_wait_s)
+        self.store = InMemoryStore(
+            Router(), random.Random(seed), clock=lambda: self.now, burst_blocks=burst_blocks
+        )
         self.events: list[Event] = []
         self.seq = itertools.count()
         self.waiting: dict[str, tuple[Tenant, AdmissionAsk, float, float]] = {}
 
     def at(self, when: float, kind: str, payload: object = None) -> None:
         heapq.heappush(self.events, Event(when, next(self.seq), kind, payload))
+
+    def counts(self, arrived: float) -> bool:
+        return self.measured[0] <= arrived < self.measured[1]
 
     def policy_in_line(self, tenant: Tenant) -> TenantPolicy:
         # FIFO for contrast: every request under one tag, so the line is arrival order.
@@ -98,7 +126,7 @@ class Simulation:
 
     async def run(self) -> None:
         for t in self.tenants:
-            self.at(self.rng.expovariate(t.rate), "arrive", t)
+            self.at(t.rng.expovariate(t.rate), "arrive", t)
         while self.events:
             event = heapq.heappop(self.events)
             if event.at > self.seconds:
@@ -110,9 +138,9 @@ class Simulation:
                 await self.finish(event.payload)  # type: ignore[arg-type]
 
     async def arrive(self, tenant: Tenant) -> None:
-        self.at(self.now + self.rng.expovariate(tenant.rate), "arrive", tenant)
-        blocks = self.rng.randint(*tenant.blocks)
-        hold = self.rng.expovariate(1 / MEAN_HOLD_S)
+        self.at(self.now + tenant.rng.expovariate(tenant.rate), "arrive", tenant)
+        blocks = tenant.rng.randint(*tenant.blocks)
+        hold = tenant.rng.expovariate(1 / MEAN_HOLD_S)
         share = tenant.policy.kv_share
         ask = AdmissionAsk(
             lease_id=f"r{next(self.seq)}",
@@ -123,20 +151,26 @@ class Simulation:
         )
         got = await self.store.try_admit(ask)
         if isinstance(got, Lease):
-            self.start(tenant, got, hold, waited=0.0)
+            self.start(tenant, got, hold, arrived=self.now)
             return
         if not got.waitable:
-            tenant.refused += self.now > self.warmup_s
+            self.refuse(tenant, self.now)
             return
         entry = QueueEntry(ask.lease_id, ask.tenant, frozenset({"e0"}), blocks, self.max_wait_s)
         if await self.store.enqueue(entry, self.max_length) != "queued":
-            tenant.refused += self.now > self.warmup_s
+            self.refuse(tenant, self.now)
             return
         self.waiting[ask.lease_id] = (tenant, ask, hold, self.now)
 
-    def start(self, tenant: Tenant, lease: Lease, hold: float, waited: float) -> None:
-        if self.now > self.warmup_s:
-            tenant.waits.append(waited)
+    def refuse(self, tenant: Tenant, arrived: float) -> None:
+        if self.counts(arrived):
+            tenant.refused += 1
+            tenant.waits.append(math.inf)
+
+    def start(self, tenant: Tenant, lease: Lease, hold: float, arrived: float) -> None:
+        if self.counts(arrived):
+            tenant.waits.append(self.now - arrived)
+        if self.now > WARMUP_S:
             tenant.admitted_kv_s += lease.blocks * min(hold, self.seconds - self.now)
         self.at(self.now + hold, "finish", lease)
 
@@ -153,15 +187,17 @@ class Simulation:
             if not isinstance(got, Lease):
                 if not got.waitable:  # over its KV share: refused after all (429)
                     await self.store.dequeue(entry_id)
-                    tenant.refused += self.now > self.warmup_s
                     del self.waiting[entry_id]
+                    self.refuse(tenant, since)
                     continue
                 break
             del self.waiting[entry_id]
-            self.start(tenant, got, hold, waited=self.now - since)
+            self.start(tenant, got, hold, arrived=since)
         for entry_id in [i for i in self.waiting if i not in self.store._line]:
-            tenant = self.waiting.pop(entry_id)[0]
-            tenant.timed_out += self.now > self.warmup_s
+            tenant, _, _, since = self.waiting.pop(entry_id)
+            if self.counts(since):
+                tenant.timed_out += 1
+                tenant.waits.append(math.inf)
 
 
 def _fields(ask: AdmissionAsk) -> dict[str, object]:
@@ -169,9 +205,11 @@ def _fields(ask: AdmissionAsk) -> dict[str, object]:
 
 
 def p95(values: list[float]) -> float:
-    if len(values) < 20:
-        return float("nan")
-    return statistics.quantiles(values, n=20)[-1]
+    """The 95th percentile (nearest rank); inf when more than 5% never got in."""
+    if len(values) < 100:
+        return math.nan
+    ordered = sorted(values)
+    return ordered[math.ceil(0.95 * len(ordered)) - 1]
 
 
 def capacity_rate(blocks: tuple[int, int], fraction: float) -> float:
@@ -180,50 +218,133 @@ def capacity_rate(blocks: tuple[int, int], fraction: float) -> float:
     return fraction * 100 / (mean_blocks * MEAN_HOLD_S)
 
 
-async def equal_shares(seconds: float, seed: int) -> None:
-    print("1. two equal-weight tenants: small requests at 100% of the engine, large at 300%")
+def equal_shares(seconds: float, seed: int, burst_blocks: float) -> dict[str, object]:
+    """Scenario 1 for one seed: KV·time shares, fair line and first come, first served."""
+    out: dict[str, object] = {}
     for fifo in (False, True):
-        small = Tenant(TenantPolicy("small", max_queued=200), capacity_rate((2, 6), 1.0), (2, 6))
+        small = Tenant(
+            TenantPolicy("small", max_queued=200), capacity_rate((2, 6), 1.0), (2, 6), seed
+        )
         large = Tenant(
-            TenantPolicy("large", max_queued=200), capacity_rate((12, 20), 3.0), (12, 20)
+            TenantPolicy("large", max_queued=200), capacity_rate((12, 20), 3.0), (12, 20), seed
         )
-        sim = Simulation([small, large], seconds=seconds, seed=seed, fifo=fifo)
-        await sim.run()
+        sim = Simulation(
+            [small, large], seconds=seconds, seed=seed, burst_blocks=burst_blocks, fifo=fifo
+        )
+        asyncio.run(sim.run())
         total = small.admitted_kv_s + large.admitted_kv_s
-        label = "first come, first served" if fifo else "fair line (SFQ by blocks)"
-        print(
-            f"   {label:27s} KV·time share: small {small.admitted_kv_s / total:6.1%}"
-            f"  large {large.admitted_kv_s / total:6.1%}"
-            f"   (admitted {len(small.waits)} / {len(large.waits)} requests;"
-            f" timed out {small.timed_out} / {large.timed_out})"
+        out["fifo" if fifo else "fair"] = (
+            small.admitted_kv_s / total,
+            large.admitted_kv_s / total,
+            small.timed_out + small.refused,
+            large.timed_out + large.refused,
         )
+    return out
 
 
-async def quiet_tenant(seconds: float, seed: int) -> None:
-    print("2. quiet tenant at 30% of the engine; noisy tenant at its share (50%), then at 10x")
+def quiet_tenant(
+    seconds: float, seed: int, burst_blocks: float, kv_share_variant: bool
+) -> dict[str, object]:
+    """Scenario 2 for one seed: the quiet tenant's waits beside the noisy one."""
     blocks = (4, 16)
-    results = {}
-    runs = (("baseline", 0.5, None), ("noisy 10x", 5.0, None), ("+kv_share", 5.0, 0.7))
+    runs = [("baseline", 0.5, None), ("noisy 10x", 5.0, None)]
+    if kv_share_variant:
+        runs.append(("10x kv_share 0.7", 5.0, 0.7))
+    out: dict[str, object] = {}
     for label, noisy_fraction, share in runs:
-        quiet = Tenant(TenantPolicy("quiet", max_queued=100), capacity_rate(blocks, 0.3), blocks)
+        quiet = Tenant(
+            TenantPolicy("quiet", max_queued=100), capacity_rate(blocks, 0.3), blocks, seed
+        )
         noisy = Tenant(
             TenantPolicy("noisy", max_queued=100, kv_share=share),
             capacity_rate(blocks, noisy_fraction),
             blocks,
+            seed,
         )
-        sim = Simulation([quiet, noisy], seconds=seconds, seed=seed, max_wait_s=30.0)
-        await sim.run()
-        results[label] = p95(quiet.waits)
+        sim = Simulation(
+            [quiet, noisy],
+            seconds=seconds,
+            seed=seed,
+            burst_blocks=burst_blocks,
+            max_wait_s=30.0,
+        )
+        asyncio.run(sim.run())
+        finite = [w for w in quiet.waits if w < math.inf]
+        out[label] = {
+            "p95": p95(quiet.waits),
+            "mean": statistics.fmean(finite) if finite else math.nan,
+            "waited": sum(1 for w in finite if w > 0) / max(1, len(quiet.waits)),
+            "n": len(quiet.waits),
+            "lost": quiet.refused + quiet.timed_out,
+            "noisy_p95": p95([w for w in noisy.waits if w < math.inf]),
+        }
+    return out
+
+
+def one_seed(args: tuple[float, int, float, bool]) -> tuple[int, dict[str, object], float]:
+    seconds, seed, burst_blocks, variant = args
+    started = time.perf_counter()
+    result = {
+        "shares": equal_shares(seconds, seed, burst_blocks),
+        "quiet": quiet_tenant(seconds, seed, burst_blocks, variant),
+    }
+    return seed, result, time.perf_counter() - started
+
+
+def seeds_arg(text: str) -> list[int]:
+    """'1-5' or '1,3,7'."""
+    if "-" in text:
+        low, high = text.split("-", 1)
+        return list(range(int(low), int(high) + 1))
+    return [int(x) for x in text.split(",")]
+
+
+def fairness(seconds: float, seeds: list[int], burst_blocks: float, variant: bool) -> None:
+    jobs = [(seconds, seed, burst_blocks, variant) for seed in seeds]
+    workers = min(len(jobs), os.cpu_count() or 1)
+    with ProcessPoolExecutor(workers) as pool:
+        results = sorted(pool.map(one_seed, jobs))
+    print("1. two equal-weight tenants, both overloading: small requests (2-6 blocks) at 100%")
+    print("   of the engine, large (12-20) at 300%. Share of the admitted KV·time:")
+    print("   seed | fair line: small / large | first come, first served: small / large")
+    for seed, r, _ in results:
+        shares: dict[str, tuple[float, float, int, int]] = r["shares"]  # type: ignore[assignment]
+        fair, fifo = shares["fair"], shares["fifo"]
         print(
-            f"   {label:10s} quiet p95 wait {results[label] * 1000:7.1f} ms"
-            f" (mean {statistics.fmean(quiet.waits) * 1000:6.1f} ms, {len(quiet.waits)} admitted,"
-            f" refused {quiet.refused}, timed out {quiet.timed_out});"
-            f" noisy p95 {p95(noisy.waits) * 1000:8.1f} ms, refused {noisy.refused}"
+            f"   {seed:4d} | {fair[0]:6.1%} / {fair[1]:6.1%}{'':12s}"
+            f"| {fifo[0]:6.1%} / {fifo[1]:6.1%}"
         )
-    ratio = results["noisy 10x"] / results["baseline"]
-    print(f"   ratio (noisy 10x / baseline): {ratio:.2f}")
-    ratio = results["+kv_share"] / results["baseline"]
-    print(f"   ratio (noisy 10x with kv_share 0.7 / baseline): {ratio:.2f}")
+    print()
+    print("2. quiet tenant at 30% of the engine (4-16 blocks); noisy tenant at its share (50%,")
+    print("   the baseline), then at ten times it (500%). Quiet tenant's queue wait, p95:")
+    header = "   seed | baseline p95 | noisy 10x p95 | ratio | (mean wait, share that waited:"
+    print(header + " baseline / 10x; quiet requests measured; noisy admitted p95 at 10x)")
+    worst = 0.0
+    for seed, r, _ in results:
+        q: dict[str, dict[str, float]] = r["quiet"]  # type: ignore[assignment]
+        base, loud = q["baseline"], q["noisy 10x"]
+        ratio = loud["p95"] / base["p95"]
+        worst = max(worst, ratio)
+        lost = (
+            f"; lost {base['lost']:.0f} / {loud['lost']:.0f}"
+            if base["lost"] or loud["lost"]
+            else ""
+        )
+        print(
+            f"   {seed:4d} | {base['p95'] * 1000:9.0f} ms | {loud['p95'] * 1000:10.0f} ms |"
+            f" {ratio:5.2f} | ({base['mean'] * 1000:.0f} / {loud['mean'] * 1000:.0f} ms,"
+            f" {base['waited']:.0%} / {loud['waited']:.0%}; n {base['n']:.0f} / {loud['n']:.0f};"
+            f" noisy {loud['noisy_p95']:.1f} s{lost})"
+        )
+        if "10x kv_share 0.7" in q:
+            v = q["10x kv_share 0.7"]
+            print(
+                f"        |   with kv_share 0.7 on the noisy tenant: {v['p95'] * 1000:.0f} ms,"
+                f" ratio {v['p95'] / base['p95']:.2f}"
+            )
+    print(f"   worst ratio over {len(results)} seeds: {worst:.2f} (target: at most 1.20)")
+    wall = ", ".join(f"{w:.0f}" for _, _, w in results)
+    print(f"(wall per seed: {wall} s, {workers} in parallel)")
 
 
 async def wakeup(url: str, trials: int) -> None:
@@ -278,25 +399,36 @@ async def wakeup(url: str, trials: int) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--seconds", type=float, default=600.0, help="simulated seconds")
-    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--seconds", type=float, default=3600.0, help="simulated s per run")
+    parser.add_argument("--seeds", type=seeds_arg, default=seeds_arg("1-5"), help="1-5 or 1,3")
+    parser.add_argument(
+        "--burst-blocks",
+        type=float,
+        default=BURST_BLOCKS,
+        help=f"the line's burst credit B in blocks (default {BURST_BLOCKS}; 0: plain SFQ)",
+    )
+    parser.add_argument(
+        "--kv-share-variant", action="store_true", help="add the 10x run with kv_share 0.7"
+    )
     parser.add_argument("--wakeup", action="store_true", help="measure Redis wake-up instead")
     parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/0")
     parser.add_argument("--trials", type=int, default=500)
     args = parser.parse_args()
     print(
-        f"machine: {platform.processor() or platform.machine()}, Python {platform.python_version()}"
+        f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs,"
+        f" Python {platform.python_version()}"
     )
     if args.wakeup:
         asyncio.run(wakeup(args.redis_url, args.trials))
         return
     print(
-        f"engine: 100 blocks; holds exponential, mean {MEAN_HOLD_S} s; {args.seconds:g} s simulated"
+        f"engine: 100 blocks; holds exponential, mean {MEAN_HOLD_S} s; {args.seconds:g} s"
+        f" simulated per run; burst credit B = {args.burst_blocks:g} blocks; seeds {args.seeds}"
     )
+    print()
     started = time.perf_counter()
-    asyncio.run(equal_shares(args.seconds, args.seed))
-    asyncio.run(quiet_tenant(args.seconds, args.seed))
-    print(f"({time.perf_counter() - started:.1f} s wall)")
+    fairness(args.seconds, args.seeds, args.burst_blocks, args.kv_share_variant)
+    print(f"({time.perf_counter() - started:.0f} s wall)")
 
 
 if __name__ == "__main__":

@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 from gateway.core import tenants
-from gateway.core.fairqueue import FairQueue
+from gateway.core.fairqueue import BURST_BLOCKS, FairQueue
 from gateway.core.routing import Candidate, Chooser, Router
 from gateway.core.tenants import TenantUsage
 from gateway.core.types import EngineLoad, TenantPolicy
@@ -44,6 +44,7 @@ class InMemoryStore:
         chooser: Chooser | None = None,
         *,
         clock: Callable[[], float] = time.monotonic,
+        burst_blocks: float = BURST_BLOCKS,
     ) -> None:
         self._router = router
         self._chooser: Chooser = chooser or random.Random()
@@ -51,7 +52,7 @@ class InMemoryStore:
         self._held: dict[str, _Held] = {}
         self._loads: dict[str, EngineLoad] = {}
         self._tenants: dict[str, TenantUsage] = {}
-        self._line = FairQueue()
+        self._line = FairQueue(burst_blocks)
         self._changed = asyncio.Event()
 
     async def try_admit(self, ask: AdmissionAsk) -> Lease | Refusal:
@@ -78,7 +79,9 @@ class InMemoryStore:
         if ask.candidates and not within_share:
             return Refusal("tenant_kv_share")
         own = self._line.get(ask.lease_id) if ask.queued else None
-        key = own.key if own else self._line.newcomer_key(policy.name, policy.priority)
+        key = (
+            own.key if own else self._line.newcomer_key(policy.name, policy.priority, policy.weight)
+        )
         engines = frozenset(c.view.spec.name for c in ask.candidates)
         if self._line.blocked(key, engines, own_id=ask.lease_id):
             return Refusal("queued_ahead")

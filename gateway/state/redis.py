@@ -43,7 +43,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from gateway.core import tenants
-from gateway.core.fairqueue import check_policy
+from gateway.core.fairqueue import BURST_BLOCKS, check_burst, check_policy
 from gateway.core.routing import Candidate, Router
 from gateway.core.tenants import Bucket, TenantUsage
 from gateway.core.types import EngineLoad, TenantPolicy
@@ -100,6 +100,7 @@ class RedisStore:
         local_share: float = 0.5,
         seed: int | None = None,
         timeout_s: float = 1.0,
+        burst_blocks: float = BURST_BLOCKS,
     ) -> None:
         if lease_ttl_s <= 0:
             raise ValueError("lease_ttl_s must be > 0")
@@ -107,12 +108,14 @@ class RedisStore:
             raise ValueError(f"on_failure must be fail_closed or fail_open_local, not {on_failure}")
         if not 0 < local_share <= 1:
             raise ValueError("local_share must be in (0, 1]")
+        check_burst(burst_blocks)
         if any(c in key_prefix for c in "{}"):
             raise ValueError("key_prefix must not contain braces (it becomes the hash tag)")
         self.scorers = Router(router_scorers).scorer_names  # validates the names
         self.replica_id = replica_id
         self.lease_ttl_s = float(lease_ttl_s)
         self.on_failure: OnFailure = on_failure
+        self.burst_blocks = float(burst_blocks)  # the line's burst credit (fairqueue.py)
         self.local_share = local_share
         self.key_ttl_s = max(MIN_KEY_TTL_S, 3 * self.lease_ttl_s)
         tag = f"{{{key_prefix}}}"
@@ -130,7 +133,9 @@ class RedisStore:
         self._scripts = {
             name: self._redis.register_script(_script_source(name)) for name in SCRIPTS
         }
-        self._local = InMemoryStore(Router(self.scorers), random.Random(seed))
+        self._local = InMemoryStore(
+            Router(self.scorers), random.Random(seed), burst_blocks=self.burst_blocks
+        )
         self._local_ids: set[str] = set()  # leases granted by the local store in an outage
         self._held: dict[str, Lease] = {}  # leases this replica renews
         self._pending_release: dict[str, int | None] = {}  # to retry once Redis is back
@@ -209,6 +214,7 @@ class RedisStore:
             str(max_length),
             _opt(entry.tenant.max_queued),
             repr(ttl),
+            repr(self.burst_blocks),
             *sorted(entry.engines),
         ]
         try:
@@ -340,6 +346,7 @@ class RedisStore:
             "1" if ask.queued else "0",
             seed,
             ",".join(self.scorers),
+            repr(self.burst_blocks),
             str(len(ask.candidates)),
         ]
         for c in ask.candidates:

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.core.fairqueue import NEWCOMER_SEQ, FairQueue, check_policy
+from gateway.core.fairqueue import BURST_BLOCKS, NEWCOMER_SEQ, FairQueue, check_burst, check_policy
 
 _ids = itertools.count()
 
@@ -30,7 +30,7 @@ def serve_head(q):
 
 
 def test_single_tenant_is_fifo():
-    q = FairQueue()
+    q = FairQueue(0)
     entries = [push(q, "a", blocks=b) for b in (3, 1, 2)]
     assert [e.id for e in q.in_order()] == [e.id for e in entries]
     assert [e.start for e in entries] == [0, 3, 4]
@@ -38,7 +38,7 @@ def test_single_tenant_is_fifo():
 
 
 def test_two_tenants_interleave_by_blocks():
-    q = FairQueue()
+    q = FairQueue(0)
     a = [push(q, "a", blocks=2) for _ in range(3)]  # starts 0, 2, 4
     b = [push(q, "b", blocks=1) for _ in range(4)]  # starts 0, 1, 2, 3
     order = [e.id for e in q.in_order()]
@@ -58,11 +58,11 @@ def test_priority_classes_are_strict():
     q = FairQueue()
     low = [push(q, "low", blocks=1, priority=0) for _ in range(3)]
     # A newcomer of a higher class is blocked by nobody of a lower class...
-    assert not q.blocked(q.newcomer_key("high", 5), frozenset({"a"}))
+    assert not q.blocked(q.newcomer_key("high", 5, 1.0), frozenset({"a"}))
     high = push(q, "high", blocks=100, priority=5)
     assert q.in_order()[0] == high
     # ...but by a queued entry of its own class; and the low entries are behind it.
-    assert q.blocked(q.newcomer_key("other", 5), frozenset({"a"}))
+    assert q.blocked(q.newcomer_key("other", 5, 1.0), frozenset({"a"}))
     assert q.blocked(low[0].key, frozenset({"a"}), own_id=low[0].id)
 
 
@@ -72,15 +72,15 @@ def test_blocked_only_by_entries_ahead_that_compete():
     second = push(q, "t", engines=("b",))
     assert not q.blocked(first.key, frozenset({"a", "b"}), own_id=first.id)  # passes itself
     assert q.blocked(second.key, frozenset({"b"}), own_id=second.id)
-    assert not q.blocked(q.newcomer_key("u", 0), frozenset({"c"}))  # other engines move
-    assert q.blocked(q.newcomer_key("u", 0), frozenset({"b", "c"}))
+    assert not q.blocked(q.newcomer_key("u", 0, 1.0), frozenset({"c"}))  # other engines move
+    assert q.blocked(q.newcomer_key("u", 0, 1.0), frozenset({"b", "c"}))
     assert q.blocks_ahead(frozenset({"a"})) == 1 and q.blocks_ahead(frozenset({"b"})) == 2
 
 
 def test_newcomer_stands_behind_equal_start_tags():
     q = FairQueue()
     e = push(q, "a")
-    key = q.newcomer_key("b", 0)
+    key = q.newcomer_key("b", 0, 1.0)
     assert key == (0, e.start, NEWCOMER_SEQ) and key > e.key
 
 
@@ -88,18 +88,18 @@ def test_leaving_leaves_no_trace_but_serving_does():
     q = FairQueue()
     gone = push(q, "a", blocks=10)
     assert q.leave(gone.id) == gone and q.leave(gone.id) is None
-    assert q.start_tag("a", 0) == 0  # abandoned: costs nothing
+    assert q.start_tag("a", 0, 1.0) == 0  # abandoned: costs nothing
     served = push(q, "a", blocks=10)
     q.serve(served.id)
-    assert q.start_tag("a", 0) == 10  # served: the tenant's history
+    assert q.start_tag("a", 0, 1.0) == 10  # served: the tenant's history
     assert q.virtual_now(0) == 0  # nothing queued: the largest start served
-    assert q.start_tag("b", 0) == 0
+    assert q.start_tag("b", 0, 1.0) == 0
 
 
 def test_direct_admissions_are_charged():
     q = FairQueue()
     q.charge("burst", 0, 1.0, 8)
-    assert q.start_tag("burst", 0) == 8
+    assert q.start_tag("burst", 0, 1.0) == 8
     other = push(q, "calm", blocks=1)
     mine = push(q, "burst", blocks=1)
     assert [e.id for e in q.in_order()] == [other.id, mine.id]
@@ -156,12 +156,14 @@ def test_backlogged_tenants_share_by_weight(a_blocks, b_blocks, weight_a):
     quiet_blocks=st.lists(blocks_st, min_size=1, max_size=30),
     floods=st.lists(st.integers(min_value=0, max_value=60), min_size=1, max_size=30),
     noisy_block=blocks_st,
+    burst=st.sampled_from([0, 8, 64, 256]),
 )
-def test_a_flood_does_not_push_others_back(quiet_blocks, floods, noisy_block):
+def test_a_flood_does_not_push_others_back(quiet_blocks, floods, noisy_block, burst):
     """A quiet tenant with one request at a time: however many entries the noisy tenant
-    adds, at most (the quiet tenant's previous request + one noisy entry) of noisy blocks
-    are served before it — the same bound as if the noisy tenant sent at its share."""
-    q = FairQueue()
+    adds, at most (the quiet tenant's previous request + one noisy entry + the noisy
+    tenant's own burst credit) of noisy blocks are served before it — the same bound as if
+    the noisy tenant sent at its share. The flood's size does not appear in it."""
+    q = FairQueue(burst)
     previous = 0
     for qb, flood in zip(quiet_blocks, floods, strict=False):
         for _ in range(flood):
@@ -173,7 +175,7 @@ def test_a_flood_does_not_push_others_back(quiet_blocks, floods, noisy_block):
             if head.id == mine.id:
                 break
             noisy_before += head.blocks
-        assert noisy_before <= previous + noisy_block
+        assert noisy_before <= previous + noisy_block + burst
         previous = qb
 
 
@@ -242,3 +244,106 @@ def test_an_abandoned_entry_leaves_no_trace(blocks, gone):
     kept = [push(ref, "a", b) for i, b in enumerate(blocks) if i != skip]
     q.leave(entries[skip].id)
     assert [e.start for e in q.in_order()] == [e.start for e in kept]
+
+
+# ---- the burst credit ------------------------------------------------------------------
+
+
+def backlog(q, tenant, blocks, count):
+    return [push(q, tenant, blocks) for _ in range(count)]
+
+
+def test_burst_credit_puts_an_idle_tenant_ahead_by_at_most_b():
+    q = FairQueue(burst_blocks=16)
+    backlog(q, "noisy", 10, 30)
+    for _ in range(10):
+        serve_head(q)  # V = 100: the noisy head starts at 100
+    assert q.virtual_now(0) == 100
+    quiet = [push(q, "quiet", 10) for _ in range(4)]
+    # Starts 84, 94 (credited, before V), then 104, 114: chained like anyone's.
+    assert [e.start for e in quiet] == [84, 94, 104, 114]
+    order = [e.tenant for e in q.in_order()][:7]
+    assert order == ["quiet", "quiet", "noisy", "quiet", "noisy", "quiet", "noisy"]
+    # V does not go back: the next idle tenant also gets only B of credit.
+    assert q.virtual_now(0) == 100
+    assert push(q, "late", 1).start == 84
+
+
+def test_burst_credit_is_scaled_by_weight_and_capped_by_what_was_not_used():
+    q = FairQueue(burst_blocks=16)
+    backlog(q, "noisy", 10, 20)
+    for _ in range(10):
+        serve_head(q)
+    assert push(q, "heavy", 4, weight=4.0).start == 100 - 16 / 4  # still 16 blocks ahead
+    # A tenant that used almost its share gets only what it did not use.
+    q2 = FairQueue(burst_blocks=16)
+    q2.charge("busy", 0, 1.0, 95)
+    backlog(q2, "noisy", 10, 20)  # V = 0: both start at 0; busy's F is 95
+    for _ in range(10):
+        serve_head(q2)  # noisy's head now starts at 100
+    assert q2.start_tag("busy", 0, 1.0) == 95  # 5 blocks of credit, not 16
+
+
+def test_a_backlogged_tenant_gets_no_credit():
+    q = FairQueue(burst_blocks=1000)
+    a = backlog(q, "a", 5, 3)
+    assert [e.start for e in a] == [0, 5, 10]
+    for _ in range(2):
+        serve_head(q)
+    assert push(q, "a", 5).start == 15  # chained to its own last finish
+
+
+def test_burst_blocks_must_be_finite_and_non_negative():
+    assert FairQueue().burst_blocks == BURST_BLOCKS
+    for bad in (-1.0, float("inf"), float("nan")):
+        with pytest.raises(ValueError):
+            check_burst(bad)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    ops=st.lists(
+        st.tuples(
+            st.sampled_from(["push", "push", "push", "serve", "serve", "leave"]),
+            st.sampled_from(["a", "b", "c"]),
+            blocks_st,
+        ),
+        min_size=1,
+        max_size=150,
+    ),
+    burst=st.sampled_from([0, 1, 16, 100]),
+    weights=st.tuples(*[st.sampled_from([0.5, 1.0, 2.0, 3.0])] * 3),
+)
+def test_burst_credit_bound_over_any_window(ops, burst, weights):
+    """Served in head order (one engine), with arbitrary arrivals, services and abandoned
+    entries: V never goes back; every queued entry starts at or after V − B/weight; and
+    over ANY stretch of services a tenant gets at most weight·ΔV + B + one entry of blocks,
+    i.e. never more than B blocks above its share (plus one entry, as in plain SFQ)."""
+    q = FairQueue(burst)
+    weight = dict(zip("abc", weights, strict=True))
+    v_before: list[float] = []  # V just before each service
+    served: list[tuple[str, int]] = []
+    last_v = 0.0
+    for op, tenant, blocks in ops:
+        if op == "push":
+            push(q, tenant, blocks, weight=weight[tenant])
+        elif op == "leave":
+            mine = [e for e in q.in_order() if e.tenant == tenant]
+            if mine:
+                q.leave(mine[len(mine) // 2].id)
+        elif len(q):
+            v_before.append(q.virtual_now(0))
+            head = serve_head(q)
+            served.append((head.tenant, head.blocks))
+        v = q.virtual_now(0)
+        assert v >= last_v
+        last_v = v
+        for e in q.in_order():
+            assert e.start >= v - burst / weight[e.tenant] - 1e-9
+    for i in range(len(served)):
+        got = {"a": 0.0, "b": 0.0, "c": 0.0}
+        for k in range(i, len(served)):
+            tenant, blocks = served[k]
+            got[tenant] += blocks
+            share = weight[tenant] * (v_before[k] - v_before[i])
+            assert got[tenant] <= share + burst + 32 + 1e-6

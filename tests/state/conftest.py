@@ -79,3 +79,30 @@ async def store(request, prefix):
         await s.close()
         if request.param == "redis":
             await drop_keys(prefix)
+
+
+@pytest.fixture(params=["memory", pytest.param("redis", marks=pytest.mark.redis)])
+async def store_with(request, prefix):
+    """Like `store`, built with the given keyword arguments (e.g. `burst_blocks`)."""
+    made = []
+
+    def make(**kwargs):
+        if request.param == "memory":
+            s = InMemoryStore(Router(), random.Random(0), **kwargs)
+        else:
+            s = redis_store(prefix, **kwargs)
+        made.append(s)
+        return s
+
+    try:
+        yield make
+        for s in made:
+            totals = await s.totals()
+            assert totals == StoreTotals(), totals
+        if request.param == "redis":
+            await assert_clean(prefix)
+    finally:
+        for s in made:
+            await s.close()
+        if request.param == "redis":
+            await drop_keys(prefix)

@@ -2,7 +2,7 @@
 -- ARGV: 3 lease id, 4 replica, 5 lease ttl s, 6 tenant, 7 priority, 8 weight,
 --   9 max concurrency, 10 rpm, 11 tpm, 12 tenant max blocks ('' = no limit), 13 tokens,
 --   14 queued '1'/'0', 15 tie-break seed ('' = Redis TIME microseconds), 16 scorers (csv),
---   17 candidate count, then per candidate 10 values: name, capacity blocks at the ceiling,
+--   17 the line's burst credit in blocks, 18 candidate count, then per candidate 10 values: name, capacity blocks at the ceiling,
 --   max_num_seqs, reported blocks, reported seqs, healthy '1'/'0', need blocks, need seqs,
 --   blocks and seqs this replica holds outside Redis (leases granted in an outage).
 --   Free capacity counts the larger of what the gateway reserved and what the engine
@@ -14,6 +14,7 @@ local tenant, prio, weight = ARGV[6], tonumber(ARGV[7]), tonumber(ARGV[8])
 local max_conc, rpm, tpm = opt(ARGV[9]), opt(ARGV[10]), opt(ARGV[11])
 local max_blocks, tokens, queued = opt(ARGV[12]), tonumber(ARGV[13]), ARGV[14] == '1'
 local seed = opt(ARGV[15]) or USEC
+local burst = tonumber(ARGV[17])
 
 reap_leases()
 expire_queue()
@@ -50,11 +51,11 @@ end
 -- Candidates within the tenant's KV share.
 local scorers = {}
 for name in string.gmatch(ARGV[16], '[^,]+') do scorers[#scorers + 1] = name end
-local count = tonumber(ARGV[17])
+local count = tonumber(ARGV[18])
 local held = num(redis.call('HGET', K_TEN, 'k:' .. tenant))
 local engines, within = {}, {}
 for i = 0, count - 1 do
-  local base = 18 + i * 10
+  local base = 19 + i * 10
   local c = {
     name = ARGV[base], cap = tonumber(ARGV[base + 1]), max_seqs = tonumber(ARGV[base + 2]),
     rep_b = tonumber(ARGV[base + 3]), rep_s = tonumber(ARGV[base + 4]),
@@ -68,7 +69,7 @@ if count > 0 and #within == 0 then return refuse('tenant_kv_share') end
 
 -- The order of the line: nobody queued before this ask may want any of its engines.
 local own = queued and entry(id) or nil
-local key = own and own.m or member(prio, start_tag(tenant, prio), NEWCOMER_SEQ, '')
+local key = own and own.m or member(prio, start_tag(tenant, prio, weight, burst), NEWCOMER_SEQ, '')
 if blocked(key, engines, id) then return refuse('queued_ahead') end
 
 -- Routing (gateway/core/routing.py): filter, score, then a seeded choice among ties.
@@ -125,6 +126,6 @@ if tpm then bucket_set(tenant, 't', tpm, tpm_level - tokens) end
 if own then
   serve(id) -- the line moved: those behind may now go
 else
-  charge(tenant, prio, weight, chosen.b)
+  charge(tenant, prio, weight, chosen.b, burst)
 end
 return finish({'lease', chosen.name, chosen.b, chosen.s})

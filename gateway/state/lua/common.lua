@@ -11,7 +11,8 @@
 --   7 qent    HASH  entry id -> json {m member, q qtf member, t, p, b, e engines, s, f}
 --   8 qexp    ZSET  entry id -> expiry (Redis time, s)
 --   9 qtf     ZSET  score 0, member "<tenant>\0<prio10>:<start24>:<seq16>:<id>"
---  10 fair    HASH  "v:<prio>" virtual time when idle, "f:<prio>:<tenant>" served finish tag,
+--  10 fair    HASH  "v:<prio>" virtual time when idle, "vf:<prio>" V before the last change
+--                   of the line (V never goes back), "f:<prio>:<tenant>" served finish tag,
 --                   "seq" arrival counter
 -- ARGV[1] key TTL (s), ARGV[2] change channel; the script's own arguments follow.
 local K_LEASES, K_LEXP, K_LOAD, K_TEN, K_RATE = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
@@ -112,8 +113,13 @@ end
 local function virtual_now(prio)
   local p = pkey(prio)
   local first = redis.call('ZRANGEBYLEX', K_Q, '[' .. p .. ':', '(' .. p .. ';', 'LIMIT', 0, 1)[1]
-  if first then return tonumber(entry(member_id(first)).s) end
-  return num(redis.call('HGET', K_FAIR, 'v:' .. prio))
+  local v
+  if first then
+    v = tonumber(entry(member_id(first)).s)
+  else
+    v = num(redis.call('HGET', K_FAIR, 'v:' .. prio))
+  end
+  return math.max(num(redis.call('HGET', K_FAIR, 'vf:' .. prio)), v)
 end
 
 local function last_finish(tenant, prio)
@@ -126,16 +132,28 @@ local function last_finish(tenant, prio)
   return served
 end
 
-local function start_tag(tenant, prio)
-  return math.max(virtual_now(prio), last_finish(tenant, prio))
+-- max(V - B / weight, F_t): a tenant behind its share starts up to `burst` blocks early.
+local function start_tag(tenant, prio, weight, burst)
+  return math.max(virtual_now(prio) - burst / weight, last_finish(tenant, prio))
+end
+
+-- Record V before the line changes: whatever joins or leaves, V never goes back.
+local function hold_v(prio)
+  redis.call('HSET', K_FAIR, 'vf:' .. prio, fmt(virtual_now(prio)))
+end
+
+-- The start tag for a new charge (recording the V it used).
+local function tag(tenant, prio, weight, burst)
+  hold_v(prio)
+  return start_tag(tenant, prio, weight, burst)
 end
 
 local function tenant_queued(tenant)
   return redis.call('ZLEXCOUNT', K_QTF, '[' .. tenant .. '\0', '(' .. tenant .. '\1')
 end
 
-local function push(id, tenant, prio, weight, engines, blocks, expires_at)
-  local start = start_tag(tenant, prio)
+local function push(id, tenant, prio, weight, engines, blocks, expires_at, burst)
+  local start = tag(tenant, prio, weight, burst)
   local seq = string.format('%016d', redis.call('HINCRBY', K_FAIR, 'seq', 1))
   local m = member(prio, start, seq, id)
   local q = tenant .. '\0' .. m
@@ -177,6 +195,7 @@ local function leave(id, served)
   local e = entry(id)
   redis.call('ZREM', K_QEXP, id)
   if not e then return nil end
+  hold_v(e.p) -- whatever leaves, V never goes back
   redis.call('HDEL', K_QENT, id)
   redis.call('ZREM', K_Q, e.m)
   redis.call('ZREM', K_QTF, e.q)
@@ -197,8 +216,8 @@ local function serve(id)
   return e
 end
 
-local function charge(tenant, prio, weight, blocks)
-  local start = start_tag(tenant, prio)
+local function charge(tenant, prio, weight, blocks, burst)
+  local start = tag(tenant, prio, weight, burst)
   remember(tenant, prio, start, start + blocks / weight)
 end
 
