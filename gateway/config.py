@@ -83,6 +83,9 @@ class ModelConfig(_Strict):
 class QueueConfig(_Strict):
     max_length: int = Field(default=256, ge=0)
     max_wait_s: float = Field(default=30.0, gt=0)
+    # Fair queuing's burst credit, in KV blocks: a tenant that has used less than its share
+    # may start up to this many blocks (÷ weight) ahead of the line; 0 = plain fair queuing.
+    fair_burst_blocks: float = Field(default=256.0, ge=0)
 
 
 class AdmissionConfig(_Strict):

@@ -51,7 +51,9 @@ class Runtime:
 def make_store(cfg: GatewayConfig, router: Router) -> StateStore:
     """In-process state, or Redis when configured (several replicas share it)."""
     if cfg.redis is None:
-        return InMemoryStore(router, random.Random(cfg.routing.seed))
+        return InMemoryStore(
+            router, random.Random(cfg.routing.seed), burst_blocks=cfg.queue.fair_burst_blocks
+        )
     replica = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
     log.info("shared state: Redis %s (replica %s)", _redacted(cfg.redis.url), replica)
     return RedisStore(
@@ -63,6 +65,7 @@ def make_store(cfg: GatewayConfig, router: Router) -> StateStore:
         on_failure=cfg.redis.on_failure,
         local_share=cfg.redis.local_share,
         seed=cfg.routing.seed,
+        burst_blocks=cfg.queue.fair_burst_blocks,
     )
 
 
