@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Literal, Protocol
 
 from gateway.core.routing import Candidate
+from gateway.core.tenants import RateLimitValues
 from gateway.core.types import EngineLoad, TenantPolicy
 
 DEFAULT_TENANT = TenantPolicy()
@@ -93,16 +94,8 @@ class QueueEntry:
     max_wait_s: float
 
 
-@dataclass(frozen=True, slots=True)
-class RateLimitState:
-    """For the `x-ratelimit-*` headers; None where the tenant has no such limit."""
-
-    limit_requests: int | None = None
-    remaining_requests: int | None = None
-    reset_requests_s: float | None = None
-    limit_tokens: int | None = None
-    remaining_tokens: int | None = None
-    reset_tokens_s: float | None = None
+RateLimitState = RateLimitValues
+"""For the `x-ratelimit-*` headers; None where the tenant has no such limit."""
 
 
 QueueVerdict = Literal["queued", "queue_full", "tenant_queue_full"]
