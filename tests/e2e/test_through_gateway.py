@@ -145,7 +145,7 @@ async def test_hf_count_equals_vllm_tokenize(
 # decoding is often processed in one burst with the request's end and never shown.
 BLOCK_CASES = [(80, 88, 40, 1), (129, 136, 120, 2), (257, 270, 110, 3), (385, 400, 100, 4)]
 PROMPT_UNIT = "x = engine.step(block)\n"
-RUNS = 8
+RUNS = 15
 
 
 async def _prompt_of(counter: TokenCounter, lo: int, hi: int) -> tuple[str, int]:
