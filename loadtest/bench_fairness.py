@@ -1,15 +1,17 @@
 """Fairness of the waiting line, measured on the in-process store with a simulated clock.
 
     .venv/bin/python loadtest/bench_fairness.py [--seconds 3600] [--seeds 1-5]
-                                                [--burst-blocks 32] [--kv-share-variant]
+                                                [--burst-blocks 32] [--headroom 0.2]
+                                                [--kv-share-variant]
     .venv/bin/python loadtest/bench_fairness.py --wakeup [--redis-url redis://127.0.0.1:6379/0]
 
 Prints figures; asserts nothing about timing. The same `InMemoryStore` the gateway runs
-(`gateway.core.fairqueue` order with its burst credit, no overtaking, per-tenant queue caps,
-expiry) is driven by a discrete-event simulation: Poisson arrivals per tenant, each request
-holding its KV blocks on one engine for an exponential time; a waiting request is retried
-whenever capacity is released, in the order of the line (what the scheduler's waiters do on a
-change notice). Seeds run in parallel processes.
+(`gateway.core.fairqueue` order with its burst credit, `gateway.core.headroom`, no
+overtaking, per-tenant queue caps, expiry) is driven by a discrete-event simulation:
+Poisson arrivals per tenant, each request holding its KV blocks on one engine for an
+exponential time; every waiting request is retried whenever capacity is released, in the
+order of the line (what the scheduler's waiters do on a change notice).
+Seeds run in parallel processes.
 
 Scenarios (per seed):
 1. two equal-weight tenants both overloading the engine — one with small requests offering
@@ -51,6 +53,7 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 
 from gateway.core.fairqueue import BURST_BLOCKS
+from gateway.core.headroom import HEADROOM
 from gateway.core.routing import Candidate, Router
 from gateway.core.types import EngineLoad, EngineSpec, EngineView, Footprint, TenantPolicy
 from gateway.state.base import AdmissionAsk, Lease, QueueEntry
@@ -93,6 +96,7 @@ class Simulation:
         seconds: float,
         seed: int,
         burst_blocks: float,
+        headroom: float = HEADROOM,
         fifo: bool = False,
         max_length: int = 10_000,
         max_wait_s: float = 60.0,
@@ -106,7 +110,11 @@ class Simulation:
         # Requests arriving in this window are measured; each has an outcome by the end.
         self.measured = (WARMUP_S, seconds - max_wait_s)
         self.store = InMemoryStore(
-            Router(), random.Random(seed), clock=lambda: self.now, burst_blocks=burst_blocks
+            Router(),
+            random.Random(seed),
+            clock=lambda: self.now,
+            burst_blocks=burst_blocks,
+            headroom=headroom,
         )
         self.events: list[Event] = []
         self.seq = itertools.count()
@@ -179,10 +187,15 @@ class Simulation:
         await self.dispatch()
 
     async def dispatch(self) -> None:
-        """Waiters retry in the order of the line until the head does not fit."""
+        """Every waiter retries, in the order of the line (what the scheduler's waiters do on
+        a change notice). A tenant's later entries are not tried once one of its entries was
+        refused: its own earlier entry is ahead of them (no overtaking), so they would be too."""
         await self.store.queue_length()  # expires entries whose time is up
+        refused: set[str] = set()
         for entry_id in [e.id for e in self.store._line.in_order()]:
             tenant, ask, hold, since = self.waiting[entry_id]
+            if tenant.policy.name in refused:
+                continue
             got = await self.store.try_admit(AdmissionAsk(**{**_fields(ask), "queued": True}))
             if not isinstance(got, Lease):
                 if not got.waitable:  # over its KV share: refused after all (429)
@@ -190,7 +203,10 @@ class Simulation:
                     del self.waiting[entry_id]
                     self.refuse(tenant, since)
                     continue
-                break
+                refused.add(tenant.policy.name)
+                if len(refused) == len(self.tenants):
+                    break
+                continue
             del self.waiting[entry_id]
             self.start(tenant, got, hold, arrived=since)
         for entry_id in [i for i in self.waiting if i not in self.store._line]:
@@ -218,7 +234,9 @@ def capacity_rate(blocks: tuple[int, int], fraction: float) -> float:
     return fraction * 100 / (mean_blocks * MEAN_HOLD_S)
 
 
-def equal_shares(seconds: float, seed: int, burst_blocks: float) -> dict[str, object]:
+def equal_shares(
+    seconds: float, seed: int, burst_blocks: float, headroom: float
+) -> dict[str, object]:
     """Scenario 1 for one seed: KV·time shares, fair line and first come, first served."""
     out: dict[str, object] = {}
     for fifo in (False, True):
@@ -229,7 +247,12 @@ def equal_shares(seconds: float, seed: int, burst_blocks: float) -> dict[str, ob
             TenantPolicy("large", max_queued=200), capacity_rate((12, 20), 3.0), (12, 20), seed
         )
         sim = Simulation(
-            [small, large], seconds=seconds, seed=seed, burst_blocks=burst_blocks, fifo=fifo
+            [small, large],
+            seconds=seconds,
+            seed=seed,
+            burst_blocks=burst_blocks,
+            headroom=headroom,
+            fifo=fifo,
         )
         asyncio.run(sim.run())
         total = small.admitted_kv_s + large.admitted_kv_s
@@ -243,7 +266,7 @@ def equal_shares(seconds: float, seed: int, burst_blocks: float) -> dict[str, ob
 
 
 def quiet_tenant(
-    seconds: float, seed: int, burst_blocks: float, kv_share_variant: bool
+    seconds: float, seed: int, burst_blocks: float, headroom: float, kv_share_variant: bool
 ) -> dict[str, object]:
     """Scenario 2 for one seed: the quiet tenant's waits beside the noisy one."""
     blocks = (4, 16)
@@ -266,6 +289,7 @@ def quiet_tenant(
             seconds=seconds,
             seed=seed,
             burst_blocks=burst_blocks,
+            headroom=headroom,
             max_wait_s=30.0,
         )
         asyncio.run(sim.run())
@@ -277,16 +301,20 @@ def quiet_tenant(
             "n": len(quiet.waits),
             "lost": quiet.refused + quiet.timed_out,
             "noisy_p95": p95([w for w in noisy.waits if w < math.inf]),
+            # The engine's blocks in use, averaged after the warm-up (what headroom costs).
+            "used": (quiet.admitted_kv_s + noisy.admitted_kv_s) / (100 * (seconds - WARMUP_S)),
         }
     return out
 
 
-def one_seed(args: tuple[float, int, float, bool]) -> tuple[int, dict[str, object], float]:
-    seconds, seed, burst_blocks, variant = args
+def one_seed(
+    args: tuple[float, int, float, float, bool],
+) -> tuple[int, dict[str, object], float]:
+    seconds, seed, burst_blocks, headroom, variant = args
     started = time.perf_counter()
     result = {
-        "shares": equal_shares(seconds, seed, burst_blocks),
-        "quiet": quiet_tenant(seconds, seed, burst_blocks, variant),
+        "shares": equal_shares(seconds, seed, burst_blocks, headroom),
+        "quiet": quiet_tenant(seconds, seed, burst_blocks, headroom, variant),
     }
     return seed, result, time.perf_counter() - started
 
@@ -299,8 +327,10 @@ def seeds_arg(text: str) -> list[int]:
     return [int(x) for x in text.split(",")]
 
 
-def fairness(seconds: float, seeds: list[int], burst_blocks: float, variant: bool) -> None:
-    jobs = [(seconds, seed, burst_blocks, variant) for seed in seeds]
+def fairness(
+    seconds: float, seeds: list[int], burst_blocks: float, headroom: float, variant: bool
+) -> None:
+    jobs = [(seconds, seed, burst_blocks, headroom, variant) for seed in seeds]
     workers = min(len(jobs), os.cpu_count() or 1)
     with ProcessPoolExecutor(workers) as pool:
         results = sorted(pool.map(one_seed, jobs))
@@ -318,7 +348,10 @@ def fairness(seconds: float, seeds: list[int], burst_blocks: float, variant: boo
     print("2. quiet tenant at 30% of the engine (4-16 blocks); noisy tenant at its share (50%,")
     print("   the baseline), then at ten times it (500%). Quiet tenant's queue wait, p95:")
     header = "   seed | baseline p95 | noisy 10x p95 | ratio | (mean wait, share that waited:"
-    print(header + " baseline / 10x; quiet requests measured; noisy admitted p95 at 10x)")
+    print(
+        header + " baseline / 10x; quiet requests measured; noisy admitted p95 at 10x;"
+        " engine in use at 10x)"
+    )
     worst = 0.0
     for seed, r, _ in results:
         q: dict[str, dict[str, float]] = r["quiet"]  # type: ignore[assignment]
@@ -334,7 +367,7 @@ def fairness(seconds: float, seeds: list[int], burst_blocks: float, variant: boo
             f"   {seed:4d} | {base['p95'] * 1000:9.0f} ms | {loud['p95'] * 1000:10.0f} ms |"
             f" {ratio:5.2f} | ({base['mean'] * 1000:.0f} / {loud['mean'] * 1000:.0f} ms,"
             f" {base['waited']:.0%} / {loud['waited']:.0%}; n {base['n']:.0f} / {loud['n']:.0f};"
-            f" noisy {loud['noisy_p95']:.1f} s{lost})"
+            f" noisy {loud['noisy_p95']:.1f} s; used {loud['used']:.0%}{lost})"
         )
         if "10x kv_share 0.7" in q:
             v = q["10x kv_share 0.7"]
@@ -408,6 +441,12 @@ def main() -> None:
         help=f"the line's burst credit B in blocks (default {BURST_BLOCKS}; 0: plain SFQ)",
     )
     parser.add_argument(
+        "--headroom",
+        type=float,
+        default=HEADROOM,
+        help=f"capacity kept from tenants above their share (default {HEADROOM}; 0: off)",
+    )
+    parser.add_argument(
         "--kv-share-variant", action="store_true", help="add the 10x run with kv_share 0.7"
     )
     parser.add_argument("--wakeup", action="store_true", help="measure Redis wake-up instead")
@@ -423,11 +462,12 @@ def main() -> None:
         return
     print(
         f"engine: 100 blocks; holds exponential, mean {MEAN_HOLD_S} s; {args.seconds:g} s"
-        f" simulated per run; burst credit B = {args.burst_blocks:g} blocks; seeds {args.seeds}"
+        f" simulated per run; burst credit B = {args.burst_blocks:g} blocks;"
+        f" headroom {args.headroom:g}; seeds {args.seeds}"
     )
     print()
     started = time.perf_counter()
-    fairness(args.seconds, args.seeds, args.burst_blocks, args.kv_share_variant)
+    fairness(args.seconds, args.seeds, args.burst_blocks, args.headroom, args.kv_share_variant)
     print(f"({time.perf_counter() - started:.0f} s wall)")
 
 

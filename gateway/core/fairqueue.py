@@ -42,7 +42,7 @@ implements the same rules in Lua; the conformance suite checks that they agree.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 
 PRIORITY_LIMIT = 10**9
@@ -216,10 +216,21 @@ class FairQueue:
             self.leave(e.id)
         return gone
 
-    def blocked(self, key: Key, engines: frozenset[str], own_id: str | None = None) -> bool:
-        """True when a queued entry ordered before `key` competes for any of `engines`."""
+    def blocked(
+        self,
+        key: Key,
+        engines: frozenset[str],
+        own_id: str | None = None,
+        passable: Callable[[Waiting], bool] | None = None,
+    ) -> bool:
+        """True when a queued entry ordered before `key` competes for any of `engines`;
+        entries for which `passable` is true do not count (see gateway/core/headroom.py)."""
         return any(
-            e.key < key and e.engines & engines and e.id != own_id for e in self._entries.values()
+            e.key < key
+            and e.engines & engines
+            and e.id != own_id
+            and (passable is None or not passable(e))
+            for e in self._entries.values()
         )
 
     def blocks_ahead(self, engines: frozenset[str]) -> int:

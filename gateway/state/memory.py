@@ -2,7 +2,8 @@
 
 Atomic because nothing between reading and writing state awaits: one event loop, one step.
 The rules are the pure core's: tenant limits from `gateway.core.tenants`, the order of the
-waiting line from `gateway.core.fairqueue`. Leases live as long as the process (there is no
+waiting line from `gateway.core.fairqueue`, the capacity kept from tenants above their fair
+share from `gateway.core.headroom`. Leases live as long as the process (there is no
 other replica to fail), queue entries until `max_wait_s` after they joined.
 """
 
@@ -15,8 +16,9 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
+from gateway.core import headroom as room
 from gateway.core import tenants
-from gateway.core.fairqueue import BURST_BLOCKS, FairQueue
+from gateway.core.fairqueue import BURST_BLOCKS, FairQueue, Waiting
 from gateway.core.routing import Candidate, Chooser, Router
 from gateway.core.tenants import TenantUsage
 from gateway.core.types import EngineLoad, TenantPolicy
@@ -37,6 +39,55 @@ class _Held:
     policy: TenantPolicy  # as at admission: refunds are capped by its TPM
 
 
+@dataclass(frozen=True, slots=True)
+class _Headroom:
+    """The headroom rule (gateway/core/headroom.py) as it applies to one ask."""
+
+    store: InMemoryStore
+    ask: AdmissionAsk
+    held: int
+    others: float
+    pool: int
+    weights: dict[str, float]  # the active tenants
+    now: float
+
+    def allows(self, c: Candidate) -> bool:
+        capacity = c.view.spec.capacity_blocks(self.ask.kv_ceiling)
+        return room.allows(
+            held=self.held,
+            need=c.need.blocks,
+            average=self.store.average(self.ask.tenant.name, self.now),
+            weight=self.ask.tenant.weight,
+            others=self.others,
+            pool_capacity=self.pool,
+            free_after=c.view.free_blocks(self.ask.kv_ceiling) - c.need.blocks,
+            engine_capacity=capacity,
+            headroom=self.store.headroom,
+        )
+
+    def passable(self, e: Waiting) -> bool:
+        """A queued entry this ask may pass: the ask stays within its share, and the entry
+        would take its (other) tenant above its own."""
+        weight, total = self.ask.tenant.weight, self.ask.tenant.weight + self.others
+        need = max((c.need.blocks for c in self.ask.candidates), default=0)
+        mine = self.store.average(self.ask.tenant.name, self.now)
+        if room.over_share(
+            held=self.held, need=need, average=mine, weight=weight, total=total, capacity=self.pool
+        ):
+            return False
+        other = self.weights.get(e.tenant)
+        if e.tenant == self.ask.tenant.name or other is None:
+            return False
+        return room.over_share(
+            held=self.store.tenant_blocks(e.tenant),
+            need=e.blocks,
+            average=self.store.average(e.tenant, self.now),
+            weight=other,
+            total=total,
+            capacity=self.pool,
+        )
+
+
 class InMemoryStore:
     def __init__(
         self,
@@ -45,8 +96,14 @@ class InMemoryStore:
         *,
         clock: Callable[[], float] = time.monotonic,
         burst_blocks: float = BURST_BLOCKS,
+        headroom: float = room.HEADROOM,
+        active_window_s: float = room.ACTIVE_WINDOW_S,
     ) -> None:
+        room.check_headroom(headroom, active_window_s)
         self._router = router
+        self.headroom = headroom
+        self._active_window_s = active_window_s
+        self._activity: dict[str, room.Activity] = {}  # tenants seen lately (headroom.py)
         self._chooser: Chooser = chooser or random.Random()
         self._clock = clock
         self._held: dict[str, _Held] = {}
@@ -83,7 +140,9 @@ class InMemoryStore:
             own.key if own else self._line.newcomer_key(policy.name, policy.priority, policy.weight)
         )
         engines = frozenset(c.view.spec.name for c in ask.candidates)
-        if self._line.blocked(key, engines, own_id=ask.lease_id):
+        rule = self._headroom_rule(ask, usage.blocks, now)
+        passable = rule.passable if rule is not None else None
+        if self._line.blocked(key, engines, own_id=ask.lease_id, passable=passable):
             return Refusal("queued_ahead")
         views = [
             Candidate(
@@ -92,6 +151,8 @@ class InMemoryStore:
             )
             for c in within_share
         ]
+        if rule is not None:
+            views = [c for c in views if rule.allows(c)]
         chosen = self._router.pick(views, ask.kv_ceiling, self._chooser)
         if chosen is None:
             return Refusal("no_capacity")
@@ -104,6 +165,14 @@ class InMemoryStore:
             tokens=ask.tokens,
         )
         self._held[lease.id] = _Held(lease, policy)
+        if self.headroom > 0:
+            self._activity[policy.name] = room.observe(
+                self._activity.get(policy.name),
+                weight=policy.weight,
+                held=usage.blocks,
+                now=now,
+                window=self._active_window_s,
+            )
         self._add(lease.engine, lease.blocks, lease.seqs)
         self._tenants[policy.name] = tenants.charge(
             usage, rpm=policy.rpm, tpm=policy.tpm, blocks=lease.blocks, tokens=ask.tokens, now=now
@@ -122,6 +191,11 @@ class InMemoryStore:
         self._add(got.engine, -got.blocks, -got.seqs)
         rpm, tpm, now = held.policy.rpm, held.policy.tpm, self._clock()
         usage = self._tenants.get(got.tenant, TenantUsage())
+        seen = self._activity.get(got.tenant)
+        if seen is not None:
+            self._activity[got.tenant] = room.observe(
+                seen, weight=None, held=usage.blocks, now=now, window=self._active_window_s
+            )
         usage = tenants.release(
             usage, tpm=tpm, blocks=got.blocks, charged=got.tokens, used=used_tokens, now=now
         )
@@ -156,6 +230,15 @@ class InMemoryStore:
             blocks=entry.blocks,
             expires_at=now + entry.max_wait_s,
         )
+        if self.headroom > 0:
+            name = entry.tenant.name
+            self._activity[name] = room.observe(
+                self._activity.get(name),
+                weight=entry.tenant.weight,
+                held=self.tenant_blocks(name),
+                now=now,
+                window=self._active_window_s,
+            )
         return "queued"
 
     async def dequeue(self, entry_id: str) -> None:
@@ -203,6 +286,39 @@ class InMemoryStore:
             reserved_seqs=sum(v.reserved_seqs for v in self._loads.values()),
             tenant_in_flight={t: u.in_flight for t, u in self._tenants.items() if u.in_flight},
             tenant_blocks={t: u.blocks for t, u in self._tenants.items() if u.blocks},
+        )
+
+    def _headroom_rule(self, ask: AdmissionAsk, held: int, now: float) -> _Headroom | None:
+        """The headroom rule for this ask; None when it cannot limit anything (off, or
+        nobody else active)."""
+        if self.headroom <= 0:
+            return None
+        active: dict[str, float] = {}
+        for name, seen in list(self._activity.items()):
+            usage = self._tenants.get(name, TenantUsage())
+            queued = self._line.count(name)
+            if room.is_active(
+                seen, held=usage.blocks, queued=queued, now=now, window=self._active_window_s
+            ):
+                active[name] = seen.weight
+            else:
+                del self._activity[name]  # forgotten: the map stays small
+        others = room.others_weight(active.items(), ask.tenant.name)
+        if others <= 0:
+            return None
+        pool = sum(c.view.spec.capacity_blocks(ask.kv_ceiling) for c in ask.candidates)
+        return _Headroom(self, ask, held, others, pool, active, now)
+
+    def tenant_blocks(self, tenant: str) -> int:
+        return self._tenants.get(tenant, TenantUsage()).blocks
+
+    def average(self, tenant: str, now: float) -> float:
+        """The tenant's recent usage (gateway/core/headroom.py)."""
+        return room.average_at(
+            self._activity.get(tenant),
+            held=self.tenant_blocks(tenant),
+            now=now,
+            window=self._active_window_s,
         )
 
     def _expire(self) -> float:

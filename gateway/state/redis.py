@@ -42,6 +42,7 @@ from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from gateway.core import headroom as room
 from gateway.core import tenants
 from gateway.core.fairqueue import BURST_BLOCKS, check_burst, check_policy
 from gateway.core.routing import Candidate, Router
@@ -65,7 +66,7 @@ log = logging.getLogger(__name__)
 OnFailure = Literal["fail_closed", "fail_open_local"]
 T = TypeVar("T")
 
-KEY_NAMES = ("leases", "lexp", "load", "ten", "rate", "q", "qent", "qexp", "qtf", "fair")
+KEY_NAMES = ("leases", "lexp", "load", "ten", "rate", "q", "qent", "qexp", "qtf", "fair", "act")
 SCRIPTS = ("admit", "release", "renew", "enqueue", "dequeue", "inspect")
 # Buckets in debt need up to two minutes to fill again; keys must outlive that idle time.
 MIN_KEY_TTL_S = 130.0
@@ -101,6 +102,8 @@ class RedisStore:
         seed: int | None = None,
         timeout_s: float = 1.0,
         burst_blocks: float = BURST_BLOCKS,
+        headroom: float = room.HEADROOM,
+        active_window_s: float = room.ACTIVE_WINDOW_S,
     ) -> None:
         if lease_ttl_s <= 0:
             raise ValueError("lease_ttl_s must be > 0")
@@ -109,6 +112,7 @@ class RedisStore:
         if not 0 < local_share <= 1:
             raise ValueError("local_share must be in (0, 1]")
         check_burst(burst_blocks)
+        room.check_headroom(headroom, active_window_s)
         if any(c in key_prefix for c in "{}"):
             raise ValueError("key_prefix must not contain braces (it becomes the hash tag)")
         self.scorers = Router(router_scorers).scorer_names  # validates the names
@@ -116,6 +120,8 @@ class RedisStore:
         self.lease_ttl_s = float(lease_ttl_s)
         self.on_failure: OnFailure = on_failure
         self.burst_blocks = float(burst_blocks)  # the line's burst credit (fairqueue.py)
+        self.headroom = float(headroom)  # capacity kept from tenants above their share
+        self.active_window_s = float(active_window_s)
         self.local_share = local_share
         self.key_ttl_s = max(MIN_KEY_TTL_S, 3 * self.lease_ttl_s)
         tag = f"{{{key_prefix}}}"
@@ -134,7 +140,11 @@ class RedisStore:
             name: self._redis.register_script(_script_source(name)) for name in SCRIPTS
         }
         self._local = InMemoryStore(
-            Router(self.scorers), random.Random(seed), burst_blocks=self.burst_blocks
+            Router(self.scorers),
+            random.Random(seed),
+            burst_blocks=self.burst_blocks,
+            headroom=self.headroom,
+            active_window_s=self.active_window_s,
         )
         self._local_ids: set[str] = set()  # leases granted by the local store in an outage
         self._held: dict[str, Lease] = {}  # leases this replica renews
@@ -215,6 +225,8 @@ class RedisStore:
             _opt(entry.tenant.max_queued),
             repr(ttl),
             repr(self.burst_blocks),
+            repr(self.headroom),
+            repr(self.active_window_s),
             *sorted(entry.engines),
         ]
         try:
@@ -347,6 +359,8 @@ class RedisStore:
             seed,
             ",".join(self.scorers),
             repr(self.burst_blocks),
+            repr(self.headroom),
+            repr(self.active_window_s),
             str(len(ask.candidates)),
         ]
         for c in ask.candidates:

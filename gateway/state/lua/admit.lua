@@ -2,7 +2,8 @@
 -- ARGV: 3 lease id, 4 replica, 5 lease ttl s, 6 tenant, 7 priority, 8 weight,
 --   9 max concurrency, 10 rpm, 11 tpm, 12 tenant max blocks ('' = no limit), 13 tokens,
 --   14 queued '1'/'0', 15 tie-break seed ('' = Redis TIME microseconds), 16 scorers (csv),
---   17 the line's burst credit in blocks, 18 candidate count, then per candidate 10 values: name, capacity blocks at the ceiling,
+--   17 the line's burst credit in blocks, 18 headroom (fraction, 0 = off), 19 the active
+--   window s, 20 candidate count, then per candidate 10 values: name, capacity blocks at the ceiling,
 --   max_num_seqs, reported blocks, reported seqs, healthy '1'/'0', need blocks, need seqs,
 --   blocks and seqs this replica holds outside Redis (leases granted in an outage).
 --   Free capacity counts the larger of what the gateway reserved and what the engine
@@ -15,6 +16,7 @@ local max_conc, rpm, tpm = opt(ARGV[9]), opt(ARGV[10]), opt(ARGV[11])
 local max_blocks, tokens, queued = opt(ARGV[12]), tonumber(ARGV[13]), ARGV[14] == '1'
 local seed = opt(ARGV[15]) or USEC
 local burst = tonumber(ARGV[17])
+local headroom, window = tonumber(ARGV[18]), tonumber(ARGV[19])
 
 reap_leases()
 expire_queue()
@@ -51,11 +53,11 @@ end
 -- Candidates within the tenant's KV share.
 local scorers = {}
 for name in string.gmatch(ARGV[16], '[^,]+') do scorers[#scorers + 1] = name end
-local count = tonumber(ARGV[18])
+local count = tonumber(ARGV[20])
 local held = num(redis.call('HGET', K_TEN, 'k:' .. tenant))
-local engines, within = {}, {}
+local engines, within, pool = {}, {}, 0
 for i = 0, count - 1 do
-  local base = 19 + i * 10
+  local base = 21 + i * 10
   local c = {
     name = ARGV[base], cap = tonumber(ARGV[base + 1]), max_seqs = tonumber(ARGV[base + 2]),
     rep_b = tonumber(ARGV[base + 3]), rep_s = tonumber(ARGV[base + 4]),
@@ -63,14 +65,51 @@ for i = 0, count - 1 do
     off_b = tonumber(ARGV[base + 8]), off_s = tonumber(ARGV[base + 9]),
   }
   engines[c.name] = true
+  pool = pool + c.cap
   if max_blocks == nil or held + c.b <= max_blocks then within[#within + 1] = c end
 end
 if count > 0 and #within == 0 then return refuse('tenant_kv_share') end
 
+-- Headroom (gateway/core/headroom.py): the active tenants, the others' weights.
+local rule = nil
+if headroom > 0 then
+  local weights, others = {}, 0
+  local flat = redis.call('HGETALL', K_ACT)
+  for i = 1, #flat, 2 do
+    local name = flat[i]
+    local a = activity(name)
+    local held_t = num(redis.call('HGET', K_TEN, 'k:' .. name))
+    if held_t > 0 or tenant_queued(name) > 0 or NOW - a.s <= window then
+      weights[name] = a.w
+      if name ~= tenant then others = others + a.w end
+    else
+      redis.call('HDEL', K_ACT, name) -- forgotten: the hash stays small
+    end
+  end
+  if others > 0 then
+    local total = weight + others
+    local need = 0
+    for i = 0, count - 1 do need = math.max(need, tonumber(ARGV[21 + i * 10 + 6])) end
+    local mine = average_at(activity(tenant), held, window)
+    rule = {total = total, mine = mine}
+    -- A queued entry this ask may pass: the ask stays within its share, and the entry
+    -- would take its (other) tenant above its own.
+    if not over_share(held, need, mine, weight, total, pool) then
+      rule.passable = function(e)
+        local w = weights[e.t]
+        if e.t == tenant or w == nil then return false end
+        local h = num(redis.call('HGET', K_TEN, 'k:' .. e.t))
+        local avg = average_at(activity(e.t), h, window)
+        return over_share(h, e.b, avg, w, total, pool)
+      end
+    end
+  end
+end
+
 -- The order of the line: nobody queued before this ask may want any of its engines.
 local own = queued and entry(id) or nil
 local key = own and own.m or member(prio, start_tag(tenant, prio, weight, burst), NEWCOMER_SEQ, '')
-if blocked(key, engines, id) then return refuse('queued_ahead') end
+if blocked(key, engines, id, rule and rule.passable) then return refuse('queued_ahead') end
 
 -- Routing (gateway/core/routing.py): filter, score, then a seeded choice among ties.
 local best, ties = nil, {}
@@ -79,7 +118,11 @@ for _, c in ipairs(within) do
   local res_s = num(redis.call('HGET', K_LOAD, 's:' .. c.name)) + c.off_s
   local free = c.cap - math.max(res_b, c.rep_b)
   local running = math.max(res_s, c.rep_s)
-  if c.healthy and c.b <= free and c.s <= c.max_seqs - running then
+  local room = true
+  if rule and over_share(held, c.b, rule.mine, weight, rule.total, pool) then
+    room = free - c.b >= headroom * c.cap
+  end
+  if room and c.healthy and c.b <= free and c.s <= c.max_seqs - running then
     local score = {}
     for i, name in ipairs(scorers) do
       if name == 'most_free_blocks' then
@@ -119,6 +162,7 @@ redis.call('HSET', K_LEASES, id, cjson.encode({
 redis.call('ZADD', K_LEXP, NOW + lease_ttl, id)
 add(K_LOAD, 'b:' .. chosen.name, chosen.b)
 add(K_LOAD, 's:' .. chosen.name, chosen.s)
+if headroom > 0 then observe(tenant, weight, held, window) end
 add(K_TEN, 'n:' .. tenant, 1)
 add(K_TEN, 'k:' .. tenant, chosen.b)
 if rpm then bucket_set(tenant, 'r', rpm, rpm_level - 1) end

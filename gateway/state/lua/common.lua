@@ -14,9 +14,12 @@
 --  10 fair    HASH  "v:<prio>" virtual time when idle, "vf:<prio>" V before the last change
 --                   of the line (V never goes back), "f:<prio>:<tenant>" served finish tag,
 --                   "seq" arrival counter
+--  11 act     HASH  tenant -> json {w weight, s last seen, u recent usage, us its stamp,
+--                   n window s} (all strings, %.17g): the headroom rule's memory
 -- ARGV[1] key TTL (s), ARGV[2] change channel; the script's own arguments follow.
 local K_LEASES, K_LEXP, K_LOAD, K_TEN, K_RATE = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local K_Q, K_QENT, K_QEXP, K_QTF, K_FAIR = KEYS[6], KEYS[7], KEYS[8], KEYS[9], KEYS[10]
+local K_ACT = KEYS[11]
 local KEY_TTL_MS = math.floor(tonumber(ARGV[1]) * 1000)
 local CHANNEL = ARGV[2]
 local clock = redis.call('TIME')
@@ -67,6 +70,47 @@ local function seconds_until(units, level, limit)
   return (units - level) / (limit / 60)
 end
 
+-- ---- headroom (gateway/core/headroom.py) -------------------------------------------------
+local function activity(tenant)
+  local raw = redis.call('HGET', K_ACT, tenant)
+  if not raw then return nil end
+  local a = cjson.decode(raw)
+  return {w = tonumber(a.w), s = tonumber(a.s), u = tonumber(a.u), us = tonumber(a.us),
+          n = tonumber(a.n)}
+end
+
+-- The recent usage at NOW, the tenant having held `held` blocks since the last update.
+local function average_at(a, held, window)
+  if a == nil then
+    if window > 0 then return 0 end
+    return held
+  end
+  if window <= 0 then return held end
+  local decay = math.exp(-math.max(0, NOW - a.us) / window)
+  return held + (a.u - held) * decay
+end
+
+-- The record just before the tenant's held blocks change from `held`; `weight` when the
+-- tenant is seen (admitted or queued), nil for a release (which needs a record).
+local function observe(tenant, weight, held, window)
+  local a = activity(tenant)
+  if weight == nil and a == nil then return end
+  if window == nil then window = a.n end
+  local avg = average_at(a, held, window)
+  local rec = {u = fmt(avg), us = fmt(NOW), n = fmt(window)}
+  if weight ~= nil then
+    rec.w, rec.s = fmt(weight), fmt(NOW)
+  else
+    rec.w, rec.s = fmt(a.w), fmt(a.s)
+  end
+  redis.call('HSET', K_ACT, tenant, cjson.encode(rec))
+end
+
+local function over_share(held, need, average, weight, total, capacity)
+  local share = weight * capacity
+  return held > 0 and (held + need) * total > share and average * total > share
+end
+
 -- ---- leases -----------------------------------------------------------------------------
 local function drop_lease(id, used)
   local raw = redis.call('HGET', K_LEASES, id)
@@ -74,6 +118,7 @@ local function drop_lease(id, used)
   if not raw then return nil end
   redis.call('HDEL', K_LEASES, id)
   local l = cjson.decode(raw)
+  observe(l.t, nil, num(redis.call('HGET', K_TEN, 'k:' .. l.t)), nil)
   add(K_LOAD, 'b:' .. l.e, -l.b)
   add(K_LOAD, 's:' .. l.e, -l.s)
   add(K_TEN, 'n:' .. l.t, -1)
@@ -227,17 +272,21 @@ local function expire_queue()
 end
 
 -- True when an entry ordered before `key` (a member string) competes for any engine in
--- the set `engines` (engine -> true); `own` is the asker's own entry id.
-local function blocked(key, engines, own)
+-- the set `engines` (engine -> true); `own` is the asker's own entry id. Entries for which
+-- `passable(entry)` is true do not count (headroom).
+local function blocked(key, engines, own, passable)
   local offset = 0
   while true do
     local batch = redis.call('ZRANGEBYLEX', K_Q, '-', '(' .. key, 'LIMIT', offset, 100)
     for _, m in ipairs(batch) do
       local id = member_id(m)
       if id ~= own then
-        for _, name in ipairs(entry(id).e) do
-          if engines[name] then return true end
+        local e = entry(id)
+        local competes = false
+        for _, name in ipairs(e.e) do
+          if engines[name] then competes = true end
         end
+        if competes and (passable == nil or not passable(e)) then return true end
       end
     end
     if #batch < 100 then return false end
@@ -248,7 +297,7 @@ end
 -- ---- housekeeping -----------------------------------------------------------------------
 -- Every key gets a TTL; a script never shortens one (a long queue wait may have set more).
 local function touch(ttl_ms)
-  for i = 1, 10 do
+  for i = 1, #KEYS do
     local cur = redis.call('PTTL', KEYS[i])
     if cur ~= -2 and cur < ttl_ms then redis.call('PEXPIRE', KEYS[i], ttl_ms) end
   end

@@ -1,0 +1,142 @@
+"""Headroom: capacity a tenant above its fair share may not take while others are active.
+
+The fair line decides *who goes next*; it cannot make room. Under a flood the engines are
+always full and a request at the head of the line still waits for someone to finish: any
+work-conserving order without preemption has that floor (docs/state.md, "Fairness,
+measured"). Headroom closes it by keeping some capacity free for tenants under their share:
+
+- A tenant is *active* if it holds blocks, has entries in the line, or was admitted or
+  queued within the last `active_window_s` seconds.
+- Its *fair share* is `weight / (weight + the other active tenants' weights)` of the
+  capacity of the ask's candidate engines (the pool it competes in: tenants of another
+  model on other engines neither give nor take room there).
+- An admission that keeps the tenant within its fair share (`held + need ≤ share`, or the
+  tenant holds nothing) is decided as before, and it is not held back by queued entries
+  that would take *their* tenant above its share: those wait for headroom, and the room
+  they wait for is this tenant's.
+- An admission that takes the tenant above its share is allowed on an engine only if at
+  least `headroom` × that engine's capacity stays free afterwards; otherwise that engine is
+  not a candidate for it (`no_capacity`: it waits, it is not refused).
+- A tenant with nobody else active is never limited (`others_weight = 0`): the rule is
+  work-conserving when there is nobody to protect. `headroom = 0` turns the rule off.
+
+Pure: time is passed in; no I/O. The Redis adapter implements the same arithmetic in Lua
+(gateway/state/lua/common.lua, `headroom_allows`); the conformance suite checks both.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+HEADROOM = 0.2
+"""The default headroom, a fraction of each engine's capacity (0 turns the rule off)."""
+
+ACTIVE_WINDOW_S = 10.0
+"""The default time a tenant stays active after its last admission or enqueue."""
+
+
+def check_headroom(headroom: float, active_window_s: float) -> None:
+    """Raise ValueError for settings the rule cannot use."""
+    if not 0 <= headroom < 1:
+        raise ValueError(f"headroom must be in [0, 1), got {headroom}")
+    if not 0 <= active_window_s < float("inf"):
+        raise ValueError(f"active_window_s must be >= 0 and finite, got {active_window_s}")
+
+
+@dataclass(frozen=True, slots=True)
+class Activity:
+    """What the stores remember of a tenant for this rule."""
+
+    weight: float
+    last_seen: float
+    """When the tenant was last admitted or queued (the store's clock)."""
+    average: float = 0.0
+    """Its recent usage: the blocks it held, averaged with weight `exp(−age / window)`."""
+    stamp: float = 0.0
+    """When `average` was last brought up to date (the held blocks were constant since)."""
+
+
+def average_at(activity: Activity | None, *, held: int, now: float, window: float) -> float:
+    """The recent usage at `now`, given that the tenant has held `held` blocks since the last
+    update: `held + (average − held) · exp(−(now − stamp) / window)`."""
+    if activity is None:
+        return 0.0 if window > 0 else float(held)
+    if window <= 0:
+        return float(held)
+    decay = math.exp(-max(0.0, now - activity.stamp) / window)
+    return held + (activity.average - held) * decay
+
+
+def observe(
+    activity: Activity | None,
+    *,
+    weight: float | None,
+    held: int,
+    now: float,
+    window: float,
+) -> Activity:
+    """The record just before the tenant's held blocks change from `held`; `weight` is given
+    when the tenant is seen (admitted or queued), None for a release."""
+    average = average_at(activity, held=held, now=now, window=window)
+    if weight is not None:
+        return Activity(weight, now, average, now)
+    assert activity is not None
+    return Activity(activity.weight, activity.last_seen, average, now)
+
+
+def is_active(activity: Activity, *, held: int, queued: int, now: float, window: float) -> bool:
+    return held > 0 or queued > 0 or now - activity.last_seen <= window
+
+
+def others_weight(weights: Iterable[tuple[str, float]], tenant: str) -> float:
+    """The sum of the active tenants' weights except `tenant`'s, in the order given."""
+    total = 0.0
+    for name, weight in weights:
+        if name != tenant:
+            total += weight
+    return total
+
+
+def over_share(
+    *, held: int, need: int, average: float, weight: float, total: float, capacity: int
+) -> bool:
+    """Whether an admission of `need` blocks counts as above the tenant's fair share
+    `weight / total × capacity` (`total`: the active tenants' weights, its own included).
+
+    Both what it would hold and its recent usage must be above the share: a tenant that
+    usually stays within its share may burst past it (it is the one headroom is kept for),
+    and one that usually takes more gets back to its share at once. A tenant holding nothing
+    is never above: its first request takes whatever fits, however large. Compared without
+    dividing."""
+    share = weight * capacity
+    return held > 0 and (held + need) * total > share and average * total > share
+
+
+def allows(
+    *,
+    held: int,
+    need: int,
+    average: float,
+    weight: float,
+    others: float,
+    pool_capacity: int,
+    free_after: int,
+    engine_capacity: int,
+    headroom: float,
+) -> bool:
+    """Whether an admission of `need` blocks on one engine passes the headroom rule.
+
+    `held`, `average`: the tenant's blocks now and its recent usage; `others`: the other
+    active tenants' weights; `pool_capacity`: the capacity of all the ask's candidate
+    engines; `free_after`: the engine's free blocks after this admission;
+    `engine_capacity`: that engine's capacity."""
+    if headroom <= 0 or others <= 0:
+        return True
+    total = weight + others
+    if not over_share(
+        held=held, need=need, average=average, weight=weight, total=total, capacity=pool_capacity
+    ):
+        return True
+    return free_after >= headroom * engine_capacity
