@@ -95,6 +95,12 @@ class AdmissionConfig(_Strict):
     retry_fallback_s: float = Field(default=2.0, gt=0)
     # Window over which the release rate (blocks per second) is measured.
     rate_window_s: float = Field(default=30.0, gt=0)
+    # With several tenants active, a tenant above its weighted share of an engine may take
+    # more only while this fraction of the engine stays free, so a tenant under its share
+    # finds room at once; 0 turns the rule off. A lone tenant is never limited.
+    share_headroom: float = Field(default=0.2, ge=0, lt=1)
+    # A tenant counts as active while it holds or queues, and this long after.
+    active_window_s: float = Field(default=10.0, gt=0)
 
 
 class RoutingConfig(_Strict):

@@ -52,7 +52,11 @@ def make_store(cfg: GatewayConfig, router: Router) -> StateStore:
     """In-process state, or Redis when configured (several replicas share it)."""
     if cfg.redis is None:
         return InMemoryStore(
-            router, random.Random(cfg.routing.seed), burst_blocks=cfg.queue.fair_burst_blocks
+            router,
+            random.Random(cfg.routing.seed),
+            burst_blocks=cfg.queue.fair_burst_blocks,
+            headroom=cfg.admission.share_headroom,
+            active_window_s=cfg.admission.active_window_s,
         )
     replica = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
     log.info("shared state: Redis %s (replica %s)", _redacted(cfg.redis.url), replica)
@@ -66,6 +70,8 @@ def make_store(cfg: GatewayConfig, router: Router) -> StateStore:
         local_share=cfg.redis.local_share,
         seed=cfg.routing.seed,
         burst_blocks=cfg.queue.fair_burst_blocks,
+        headroom=cfg.admission.share_headroom,
+        active_window_s=cfg.admission.active_window_s,
     )
 
 
