@@ -9,19 +9,7 @@ import pytest
 import yaml
 
 from gateway.cli import main
-
-TINY_CONFIG = {
-    "architectures": ["LlamaForCausalLM"],
-    "vocab_size": 2048,
-    "hidden_size": 128,
-    "intermediate_size": 256,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "head_dim": 32,
-    "max_position_embeddings": 512,
-    "torch_dtype": "float32",
-}
+from tests.planner import TINY_CONFIG
 
 
 def run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:

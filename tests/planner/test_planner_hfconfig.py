@@ -9,21 +9,9 @@ import pytest
 
 from gateway.core import kvmath
 from gateway.planner.hfconfig import ConfigError, load_config, spec_from_config
+from tests.planner import TINY_CONFIG
 
 # The real-vLLM issue's tiny model (REAL-VLLM.md).
-TINY = {
-    "architectures": ["LlamaForCausalLM"],
-    "model_type": "llama",
-    "vocab_size": 2048,
-    "hidden_size": 128,
-    "intermediate_size": 256,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "head_dim": 32,
-    "max_position_embeddings": 512,
-    "torch_dtype": "float32",
-}
 
 DEEPSEEK_V3 = {
     "model_type": "deepseek_v3",
@@ -67,7 +55,7 @@ QWEN3_VL_8B = {
 
 
 def test_tiny_model(tmp_path: Path) -> None:
-    (tmp_path / "config.json").write_text(json.dumps(TINY))
+    (tmp_path / "config.json").write_text(json.dumps(TINY_CONFIG))
     spec = load_config(tmp_path)
     assert kvmath.bytes_per_token(spec.geometry, 4) == 1024
     assert spec.max_position_embeddings == 512
@@ -103,7 +91,7 @@ def test_defaults_for_missing_fields() -> None:
         ("{not json", "is not JSON"),
         ("[1, 2]", "JSON object"),
         (json.dumps({"hidden_size": 8, "num_attention_heads": 2}), "num_hidden_layers"),
-        (json.dumps({**TINY, "num_key_value_heads": "two"}), "whole number"),
+        (json.dumps({**TINY_CONFIG, "num_key_value_heads": "two"}), "whole number"),
     ],
 )
 def test_bad_configs(tmp_path: Path, content: str, message: str) -> None:
