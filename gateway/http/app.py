@@ -87,6 +87,9 @@ async def status(request: Request) -> Response:
                     "waiting": state.waiting,
                     "kv_cache_usage": state.kv_cache_usage,
                     "num_preemptions": state.preemptions,
+                    "age_s": None
+                    if state.last_scrape is None
+                    else round(time.monotonic() - state.last_scrape, 3),
                 },
                 "num_gpu_blocks": spec.num_gpu_blocks,
                 "block_size": spec.block_size,

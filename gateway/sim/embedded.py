@@ -7,7 +7,7 @@ engine (through `gateway.http.embedded.running_app`) and stops it cleanly on exi
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator
 
 from gateway.http.embedded import running_app
 from gateway.sim.server import SimConfig, create_app
@@ -22,10 +22,3 @@ async def running_sim(cfg: SimConfig, *, port: int = 0) -> AsyncIterator[str]:
     """
     async with running_app(create_app(cfg), host=cfg.host, port=port) as url:
         yield url
-
-
-@contextlib.asynccontextmanager
-async def serve_sims(configs: Sequence[SimConfig]) -> AsyncIterator[list[str]]:
-    """Several engines at once; yields their base URLs in the order of ``configs``."""
-    async with contextlib.AsyncExitStack() as stack:
-        yield [await stack.enter_async_context(running_sim(cfg)) for cfg in configs]
