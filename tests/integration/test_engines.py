@@ -6,7 +6,6 @@ import time
 
 import httpx
 import openai
-import pytest
 
 from gateway.config import parse_config
 from gateway.http.app import create_app
@@ -215,10 +214,3 @@ async def test_connection_failure_before_first_byte_fails_over_once():
             after = await status(http, url)
             assert not after["a"]["healthy"]
             assert after["a"]["reserved_blocks"] == 0 and after["b"]["reserved_blocks"] == 0
-
-
-@pytest.mark.parametrize("fixture", ["metrics-cpu-0.32.txt"])
-def test_fixture_present(fixture):
-    from pathlib import Path
-
-    assert (Path(__file__).parents[1] / "fixtures" / "vllm" / fixture).exists()
