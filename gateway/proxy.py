@@ -14,6 +14,9 @@ from gateway.config import UpstreamConfig
 from gateway.errors import UpstreamTimeout, UpstreamUnavailable
 
 
+KEEPALIVE_S = 2.0
+
+
 class Upstream:
     def __init__(self, cfg: UpstreamConfig, transport: httpx.AsyncBaseTransport | None = None):
         self.cfg = cfg
@@ -22,7 +25,12 @@ class Upstream:
                 connect=cfg.connect_timeout_s, read=None, write=cfg.connect_timeout_s, pool=None
             ),
             limits=httpx.Limits(
-                max_connections=cfg.max_connections, max_keepalive_connections=cfg.max_connections
+                max_connections=cfg.max_connections,
+                max_keepalive_connections=cfg.max_connections,
+                # Shorter than the engines' own keep-alive (uvicorn's, vLLM's: 5 s), so the
+                # gateway drops an idle connection before the engine closes it under a request:
+                # that race would look like an engine failure.
+                keepalive_expiry=KEEPALIVE_S,
             ),
             transport=transport,
         )

@@ -98,7 +98,8 @@ async def test_burst_across_three_replicas_never_overcommits(tmp_path):
     ).start()
     prefix = f"t{uuid.uuid4().hex[:10]}"
     try:
-        limits = httpx.Limits(max_connections=300)
+        # Idle connections dropped before the gateways' 5 s keep-alive closes them under a request.
+        limits = httpx.Limits(max_connections=300, keepalive_expiry=2)
         async with (
             replicas(config(engine, prefix=prefix), 3, tmp_path) as gws,
             httpx.AsyncClient(timeout=60, limits=limits) as http,
