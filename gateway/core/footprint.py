@@ -9,12 +9,10 @@ over-counts by at most `(n − 1) × floor(prompt / block_size)` blocks — a sa
 
 from __future__ import annotations
 
+from gateway.core.kvmath import ceil_div
 from gateway.core.types import Footprint, RequestShape
 
-
-def ceil_div(a: int, b: int) -> int:
-    """`ceil(a / b)` for non-negative integers, without floats."""
-    return -(-a // b)
+__all__ = ["ceil_div", "context_overflow", "footprint", "output_budget"]
 
 
 def output_budget(prompt_tokens: int, requested: int | None, max_model_len: int) -> int:

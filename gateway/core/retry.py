@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
+from gateway.core.kvmath import ceil_div
+
 MIN_RETRY_S = 0.1
 MAX_RETRY_S = 300.0
 
@@ -50,7 +52,7 @@ class RetryAdvice:
     @property
     def header_seconds(self) -> int:
         """`Retry-After` is whole seconds, at least 1."""
-        return max(1, -(-int(self.seconds * 1000) // 1000))
+        return max(1, ceil_div(int(self.seconds * 1000), 1000))
 
     @property
     def header_ms(self) -> int:

@@ -18,6 +18,7 @@ from starlette.routing import Route
 
 from gateway.engines.discovery import DiscoveredModel, DiscoveryError, discover
 from tests.engines.pages import IDLE, SATURATED, add_dp_rank, capture, drop_series, set_label
+from tests.integration.processes import free_port
 
 
 def models_body(*models: dict[str, Any]) -> dict[str, Any]:
@@ -145,13 +146,6 @@ async def test_data_parallel_engine_reports_summed_blocks_and_its_size() -> None
 
 
 # --- failures -----------------------------------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-    return port
 
 
 async def test_engine_down() -> None:

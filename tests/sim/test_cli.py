@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -13,13 +12,7 @@ import httpx
 import pytest
 
 from gateway.sim import cli
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
+from tests.integration.processes import free_port
 
 
 def test_flags_map_onto_sim_config() -> None:
@@ -44,7 +37,7 @@ def test_impossible_geometry_is_refused_at_start() -> None:
 
 
 def test_module_entry_point_serves_and_stops_on_sigterm() -> None:
-    port = _free_port()
+    port = free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "gateway.sim", "--port", str(port), "--log-level", "warning"],
         stdout=subprocess.DEVNULL,
