@@ -13,7 +13,6 @@ import httpx
 from gateway.config import UpstreamConfig
 from gateway.errors import UpstreamTimeout, UpstreamUnavailable
 
-
 KEEPALIVE_S = 2.0
 
 
