@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import math
 import random
@@ -147,7 +148,9 @@ class RedisStore:
             active_window_s=self.active_window_s,
         )
         self._local_ids: set[str] = set()  # leases granted by the local store in an outage
-        self._held: dict[str, Lease] = {}  # leases this replica renews
+        # Leases this replica renews: id -> the lease's record as Redis holds it, written
+        # again by the renewal if Redis lost it (see renew.lua).
+        self._held: dict[str, str] = {}
         self._pending_release: dict[str, int | None] = {}  # to retry once Redis is back
         self._pending_dequeue: set[str] = set()
         self._down_until = 0.0  # monotonic; before it, skip Redis
@@ -184,7 +187,19 @@ class RedisStore:
             tenant=ask.tenant.name,
             tokens=ask.tokens,
         )
-        self._held[lease.id] = lease
+        self._held[lease.id] = json.dumps(
+            {
+                "e": lease.engine,
+                "b": lease.blocks,
+                "s": lease.seqs,
+                "t": lease.tenant,
+                "k": lease.tokens,
+                "r": self.replica_id,
+                "rpm": ask.tenant.rpm,
+                "tpm": ask.tenant.tpm,
+            },
+            separators=(",", ":"),
+        )
         return lease
 
     async def release(self, lease: Lease, used_tokens: int | None = None) -> bool:
@@ -206,10 +221,10 @@ class RedisStore:
 
     async def renew(self, leases: Sequence[Lease]) -> None:
         """Extend the given leases; never raises for a lost Redis (they may then expire)."""
-        ids = [lease.id for lease in leases if lease.id not in self._local_ids]
-        if ids:
+        held = {lease.id: self._held[lease.id] for lease in leases if lease.id in self._held}
+        if held:
             with contextlib.suppress(StateUnavailable):
-                await self._renew(ids)
+                await self._renew(held)
 
     async def enqueue(self, entry: QueueEntry, max_length: int) -> QueueVerdict:
         check_policy(entry.tenant.priority, entry.tenant.weight)
@@ -448,12 +463,25 @@ class RedisStore:
             log.warning("redis unreachable (%s: %s); %s", type(e).__name__, e, self.on_failure)
             raise StateUnavailable(f"Shared state (Redis) is unreachable: {e}") from e
 
-    async def _renew(self, ids: list[str]) -> None:
-        lost = await self._call("renew", [repr(self.lease_ttl_s), *ids])
-        for raw in lost:
-            lease_id = _text(raw)
-            if self._held.pop(lease_id, None) is not None:
-                log.warning("lease %s expired before it was renewed", lease_id)
+    async def _renew(self, held: dict[str, str]) -> None:
+        """Extend `held` (id -> record); Redis writes again the ones it lost."""
+        args = [repr(self.lease_ttl_s)]
+        for lease_id, record in held.items():
+            args += [lease_id, record]
+        restored = [_text(raw) for raw in await self._call("renew", args)]
+        for lease_id in restored:
+            if lease_id in self._held:
+                log.warning(
+                    "lease %s was gone from Redis (restarted, or expired before it was "
+                    "renewed); written again: its request is still running",
+                    lease_id,
+                )
+            else:
+                # Released while this renewal was on its way: the release may have run
+                # first, so the lease written again must go too (release is idempotent).
+                self._pending_release.setdefault(lease_id, None)
+        if any(lease_id not in self._held for lease_id in restored):
+            await self._catch_up()
 
     def _start(self) -> None:
         if self._tasks or self._closed:
@@ -469,7 +497,7 @@ class RedisStore:
             try:
                 await self._catch_up()
                 if self._held:
-                    await self._renew(list(self._held))
+                    await self._renew(dict(self._held))
             except StateUnavailable:
                 pass  # logged by _call; tried again next round
 

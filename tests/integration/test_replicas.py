@@ -232,10 +232,7 @@ async def test_redis_restart_mid_load(tmp_path, on_failure):
                 assert all(r.json()["error"]["code"] == "state_unavailable" for r in during)
             else:
                 assert [r.status_code for r in during] == [200, 200]
-            private = RedisServer.__new__(RedisServer)
-            private.port = int(cfg["redis"]["url"].rsplit(":", 1)[1].split("/")[0])
-            private.proc = None
-            private.start()
+            private.start()  # same port: the replicas' URL
             recovered = []
             for _ in range(60):
                 after = await asyncio.gather(*(complete(http, g.url, max_tokens=8) for g in gws))
@@ -246,6 +243,61 @@ async def test_redis_restart_mid_load(tmp_path, on_failure):
             assert recovered == [200, 200]
             assert await settled(http, gws) is True
         assert keys_without_ttl(private.url, prefix) == []
+    finally:
+        engine.stop()
+        private.stop()
+
+
+async def test_redis_restart_counts_running_requests_again(tmp_path):
+    """Redis keeps nothing on disk: a restart empties it while requests still run on the
+    engine. Their replica writes their leases again at its next renewal, so every replica
+    counts their blocks again within a renewal period, and all of it is released at the end."""
+    private = RedisServer().start()
+    engine = await SimProcess(
+        num_gpu_blocks=1025, max_num_seqs=64, max_model_len=512, decode_ms_base=20.0
+    ).start()
+    try:
+        cfg = config(engine, redis_url=private.url)
+        async with (
+            replicas(cfg, 2, tmp_path) as (serving, watching),
+            httpx.AsyncClient(timeout=60) as http,
+        ):
+
+            async def reserved():
+                return (await http.get(watching.url + "/admin/status")).json()["engines"][0]
+
+            streams = [
+                asyncio.create_task(complete(http, serving.url, max_tokens=400, stream=True))
+                for _ in range(4)
+            ]
+            for _ in range(100):
+                held = await reserved()
+                if held["reserved_seqs"] == 4:
+                    break
+                await asyncio.sleep(0.05)
+            assert held["reserved_seqs"] == 4, held
+            blocks = held["reserved_blocks"]
+            private.stop()
+            private.start()  # empty, same port
+            restarted = time.monotonic()
+            held = None
+            while time.monotonic() - restarted < 8:
+                with contextlib.suppress(httpx.HTTPError, KeyError, ValueError):
+                    held = await reserved()
+                    if held["reserved_seqs"] == 4:
+                        break
+                await asyncio.sleep(0.05)
+            counted_after = time.monotonic() - restarted
+            assert held is not None and held["reserved_seqs"] == 4, held
+            assert held["reserved_blocks"] == blocks
+            # lease_ttl_s 3: renewed every second, plus the store's 0.5 s back-off.
+            assert counted_after <= 3, counted_after
+            assert not any(t.done() for t in streams)  # still running when counted again
+            done = await asyncio.gather(*streams)
+            assert [r.status_code for r in done] == [200] * 4
+            assert all("[DONE]" in r.text and '"error"' not in r.text for r in done)
+            assert await settled(http, (serving, watching)) is True
+        assert keys_without_ttl(private.url, cfg["redis"]["key_prefix"]) == []
     finally:
         engine.stop()
         private.stop()

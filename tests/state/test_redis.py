@@ -148,6 +148,51 @@ async def test_renewal_keeps_running_leases(replicas):
     assert await store.release(lease) is True
 
 
+async def test_leases_lost_by_redis_are_written_again_by_the_renewal(replicas, prefix):
+    """Redis restarted empty (it keeps nothing on disk): the requests still run on their
+    engines, so the next renewal counts their blocks again, limits and all."""
+    store = replicas("replica-a", lease_ttl_s=30)  # the test renews by hand
+    other = replicas("replica-b", lease_ttl_s=30)
+    a = spec("a", blocks=21, seqs=100)
+    t = TenantPolicy("t", max_concurrency=2, tpm=1000)
+    leases = [
+        await store.try_admit(replace(ask(a, blocks=4), tenant=t, tokens=40)) for _ in range(2)
+    ]
+    assert all(isinstance(x, Lease) for x in leases)
+    await drop_keys(prefix)  # what a restart does to the shared state
+    assert await other.totals() == StoreTotals()
+
+    await store.renew(leases)
+
+    assert await other.totals() == StoreTotals(
+        leases=2,
+        reserved_blocks=8,
+        reserved_seqs=2,
+        tenant_in_flight={"t": 2},
+        tenant_blocks={"t": 8},
+    )
+    # Another replica sees them: 12 of 20 blocks free, and the tenant at its concurrency.
+    assert await other.try_admit(ask(a, blocks=13)) == Refusal("no_capacity")
+    third = await other.try_admit(replace(ask(a, blocks=1), tenant=t))
+    assert isinstance(third, Refusal) and third.code == "tenant_concurrency"
+    for lease in leases:
+        assert await store.release(lease, used_tokens=10) is True
+    assert store.held == frozenset()
+
+
+async def test_a_lease_released_during_its_renewal_is_not_left_behind(replicas, prefix):
+    """The renewal took its snapshot, then the request ended and its release ran first:
+    the lease written again by that renewal is released again, not left to expire."""
+    store = replicas("replica-a", lease_ttl_s=30)
+    lease = await store.try_admit(ask(spec("a"), blocks=3))
+    snapshot = {lease.id: store._held[lease.id]}  # what the renewal task had taken
+    await drop_keys(prefix)
+    assert await store.release(lease) is False  # Redis had lost it already
+    await store._renew(snapshot)  # the renewal arrives after the release
+    assert await store.totals() == StoreTotals()
+    assert store.held == frozenset()
+
+
 async def test_a_waiter_on_one_replica_wakes_on_a_release_on_another(replicas):
     one, other = replicas("one"), replicas("other")
     lease = await one.try_admit(ask(spec("a"), blocks=2))

@@ -1,10 +1,23 @@
--- renew: ARGV 3 lease ttl s, then lease ids. Reply: the ids that no longer exist (expired).
+-- renew: ARGV 3 lease ttl s, then pairs (lease id, lease json as admit.lua wrote it).
+-- A lease that Redis no longer has (lost in a restart, or expired while its renewals failed)
+-- belongs to a request that is still running: it is written again, with its counters, so
+-- the blocks it holds on its engine are counted. Reply: the ids written again.
 reap_leases()
-local ttl, lost = tonumber(ARGV[3]), {}
-for i = 4, #ARGV do
-  if redis.call('ZADD', K_LEXP, 'XX', 'CH', NOW + ttl, ARGV[i]) == 0
-      and not redis.call('ZSCORE', K_LEXP, ARGV[i]) then
-    lost[#lost + 1] = ARGV[i]
+local ttl, restored = tonumber(ARGV[3]), {}
+for i = 4, #ARGV - 1, 2 do
+  local id = ARGV[i]
+  if redis.call('ZADD', K_LEXP, 'XX', 'CH', NOW + ttl, id) == 0
+      and not redis.call('ZSCORE', K_LEXP, id) then
+    local raw = ARGV[i + 1]
+    local l = cjson.decode(raw)
+    observe(l.t, nil, num(redis.call('HGET', K_TEN, 'k:' .. l.t)), nil)
+    redis.call('HSET', K_LEASES, id, raw)
+    redis.call('ZADD', K_LEXP, NOW + ttl, id)
+    add(K_LOAD, 'b:' .. l.e, l.b)
+    add(K_LOAD, 's:' .. l.e, l.s)
+    add(K_TEN, 'n:' .. l.t, 1)
+    add(K_TEN, 'k:' .. l.t, l.b)
+    restored[#restored + 1] = id
   end
 end
-return finish(lost)
+return finish(restored)
