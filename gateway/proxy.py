@@ -1,24 +1,82 @@
-"""Forwarding to an engine with one pooled httpx client.
+"""Forwarding to an engine: one pooled aiohttp session for the data plane, one httpx client
+for the control plane.
+
+The completions clients send (the data plane: many requests, bytes passed through) go
+through aiohttp, whose client costs a fraction of httpx's CPU per request (measured in
+docs/benchmarks.md: the upstream client was half of the gateway's CPU). Discovery, health and
+metrics scrapes and the `engine` token counter (the control plane: few requests, JSON in and
+out) use `Upstream.client`, an `httpx.AsyncClient`.
 
 Bytes pass through unchanged in both directions. Low-level failures are mapped here, at the
-boundary, to the gateway's error tree: unreachable → 502, too slow → 504.
+boundary, to the gateway's error tree: unreachable or broken off → 502, too slow → 504.
 """
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
 
+import aiohttp
 import httpx
 
 from gateway.config import UpstreamConfig
 from gateway.errors import UpstreamTimeout, UpstreamUnavailable
 
+# Shorter than the engines' own keep-alive (uvicorn's, vLLM's: 5 s), so the gateway drops an
+# idle connection before the engine closes it under a request: that race would look like an
+# engine failure.
 KEEPALIVE_S = 2.0
 
 
+class UpstreamResponse:
+    """An engine's answer: status and headers at once, the body as it arrives.
+
+    `aclose()` must follow (in `finally`): a body read to its end gives the connection back
+    to the pool; anything else closes it, which aborts the request inside vLLM.
+    """
+
+    def __init__(self, response: aiohttp.ClientResponse, base_url: str, read_timeout_s: float):
+        self._response = response
+        self._base_url = base_url
+        self._read_timeout_s = read_timeout_s
+
+    @property
+    def status_code(self) -> int:
+        return self._response.status
+
+    @property
+    def raw_headers(self) -> list[tuple[bytes, bytes]]:
+        return list(self._response.raw_headers)
+
+    async def read(self) -> bytes:
+        """The whole body (for short error answers)."""
+        return b"".join([chunk async for chunk in self.chunks()])
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        """The body as it arrives; a silence longer than the read timeout is an error."""
+        try:
+            async for chunk in self._response.content.iter_any():
+                yield chunk
+        except TimeoutError:
+            raise UpstreamTimeout(
+                f"the engine at {self._base_url} sent nothing for {self._read_timeout_s:g} s"
+            ) from None
+        except aiohttp.ClientError as e:
+            raise UpstreamUnavailable(
+                f"the engine's answer broke off: {type(e).__name__}"
+            ) from None
+
+    async def aclose(self) -> None:
+        if self._response.content.at_eof():
+            self._response.release()
+        else:
+            self._response.close()
+
+
 class Upstream:
-    def __init__(self, cfg: UpstreamConfig, transport: httpx.AsyncBaseTransport | None = None):
+    def __init__(self, cfg: UpstreamConfig):
         self.cfg = cfg
+        # The control plane's client (discovery, monitor, the `engine` token counter's
+        # `/tokenize` calls).
         self.client = httpx.AsyncClient(
             timeout=httpx.Timeout(
                 connect=cfg.connect_timeout_s, read=None, write=cfg.connect_timeout_s, pool=None
@@ -26,68 +84,58 @@ class Upstream:
             limits=httpx.Limits(
                 max_connections=cfg.max_connections,
                 max_keepalive_connections=cfg.max_connections,
-                # Shorter than the engines' own keep-alive (uvicorn's, vLLM's: 5 s), so the
-                # gateway drops an idle connection before the engine closes it under a request:
-                # that race would look like an engine failure.
                 keepalive_expiry=KEEPALIVE_S,
             ),
-            transport=transport,
         )
-        # The read timeout is per network read: for a stream, the longest silence between two
+        self._session: aiohttp.ClientSession | None = None  # made on first use, in the loop
+        # The read timeout is per socket read: for a stream, the longest silence between two
         # chunks; for a whole answer, the wait for it. One timer per read, none of our own.
         self._timeouts = {
-            True: httpx.Timeout(
-                connect=cfg.connect_timeout_s,
-                read=cfg.idle_timeout_s,
-                write=cfg.connect_timeout_s,
-                pool=None,
-            ),
-            False: httpx.Timeout(
-                connect=cfg.connect_timeout_s,
-                read=cfg.first_byte_timeout_s,
-                write=cfg.connect_timeout_s,
-                pool=None,
-            ),
+            streaming: aiohttp.ClientTimeout(
+                total=None,
+                connect=None,  # waiting for a pooled connection is not limited...
+                sock_connect=cfg.connect_timeout_s,  # ...opening one is
+                sock_read=cfg.idle_timeout_s if streaming else cfg.first_byte_timeout_s,
+            )
+            for streaming in (True, False)
         }
 
+    def _data_session(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            self._session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(
+                    limit=self.cfg.max_connections, keepalive_timeout=KEEPALIVE_S
+                ),
+                # The engine's bytes go to the client as they are; cookies mean nothing here.
+                auto_decompress=False,
+                cookie_jar=aiohttp.DummyCookieJar(),
+                skip_auto_headers=("User-Agent",),
+            )
+        return self._session
+
     async def aclose(self) -> None:
+        if self._session is not None:
+            await self._session.close()
         await self.client.aclose()
 
     async def open(
         self, base_url: str, path: str, body: bytes, headers: dict[str, str], *, streaming: bool
-    ) -> httpx.Response:
+    ) -> UpstreamResponse:
         """Send the request and return once the engine's status and headers arrived."""
-        request = self.client.build_request(
-            "POST",
-            base_url + path,
-            content=body,
-            headers=headers,
-            timeout=self._timeouts[streaming],
-        )
+        timeout = self._timeouts[streaming]
         try:
-            return await self.client.send(request, stream=True)
-        except httpx.TimeoutException as e:
+            response = await self._data_session().post(
+                base_url + path, data=body, headers=headers, timeout=timeout
+            )
+        except TimeoutError as e:
             raise UpstreamTimeout(
                 f"the engine at {base_url} timed out ({type(e).__name__}); limits: "
                 f"connect {self.cfg.connect_timeout_s:g} s, "
-                f"{'idle' if streaming else 'answer'} "
-                f"{self.cfg.idle_timeout_s if streaming else self.cfg.first_byte_timeout_s:g} s"
+                f"{'idle' if streaming else 'answer'} {timeout.sock_read:g} s"
             ) from None
-        except httpx.TransportError as e:
+        except aiohttp.ClientError as e:
             raise UpstreamUnavailable(
                 f"the engine at {base_url} could not be reached: {type(e).__name__}"
             ) from None
-
-    async def chunks(self, response: httpx.Response) -> AsyncIterator[bytes]:
-        """The engine's body as it arrives; a silence longer than the read timeout is an error."""
-        try:
-            async for chunk in response.aiter_raw():
-                yield chunk
-        except httpx.ReadTimeout:
-            raise UpstreamTimeout(
-                f"the engine sent nothing for {self.cfg.idle_timeout_s:g} s"
-            ) from None
-        except httpx.HTTPError as e:
-            raise UpstreamUnavailable(
-                f"the engine's answer broke off: {type(e).__name__}"
-            ) from None
+        assert timeout.sock_read is not None
+        return UpstreamResponse(response, base_url, timeout.sock_read)

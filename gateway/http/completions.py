@@ -15,13 +15,14 @@ import time
 import uuid
 from dataclasses import dataclass
 
-import httpx
+import aiohttp
 from starlette.types import Receive, Scope, Send
 
 from gateway.core.types import EngineSpec, TenantPolicy
 from gateway.errors import GatewayError, RateLimited, UpstreamUnavailable
 from gateway.http.errors import rate_limit_headers, send_error, sse_error_event
 from gateway.http.parse import Inbound, Kind, parse_body
+from gateway.proxy import UpstreamResponse
 from gateway.runtime import Runtime
 from gateway.state.base import DEFAULT_TENANT, Lease
 from gateway.usage import UsageMeter
@@ -89,7 +90,7 @@ class CompletionsEndpoint:
                 extra = await rate_limit_headers(runtime, call.tenant)
                 e.headers.update((k.decode(), v.decode()) for k, v in extra)
             await _fail(send, e, call)
-        except (OSError, httpx.HTTPError) as e:  # the client's socket broke while we sent
+        except (OSError, aiohttp.ClientError) as e:  # the client's socket broke while we sent
             log.info("request %s: connection lost: %s", request_id, type(e).__name__)
         except Exception:
             call.outcome = "internal_error"
@@ -104,7 +105,7 @@ class CompletionsEndpoint:
 
     async def _admit_and_open(
         self, call: _Call, inbound: Inbound, body: bytes
-    ) -> tuple[EngineSpec, httpx.Response]:
+    ) -> tuple[EngineSpec, UpstreamResponse]:
         """Reserve, then open the upstream request. A connection failure before any byte
         ejects the engine and moves the reservation to another engine, once: released
         first, taken again there, never counted twice."""
@@ -136,15 +137,15 @@ class CompletionsEndpoint:
         return admitted.engine, response
 
     async def _relay(
-        self, call: _Call, engine: EngineSpec, response: httpx.Response, send: Send
+        self, call: _Call, engine: EngineSpec, response: UpstreamResponse, send: Send
     ) -> None:
         """The engine's answer to the client, byte for byte, metering usage on the way."""
         if response.status_code >= 500:
-            text = (await response.aread()).decode(errors="replace")[:500]
+            text = (await response.read()).decode(errors="replace")[:500]
             raise UpstreamUnavailable(
                 f"engine {engine.name!r} answered {response.status_code}: {text}"
             )
-        headers = [(k, v) for k, v in response.headers.raw if k.lower() in PASS_BACK]
+        headers = [(k, v) for k, v in response.raw_headers if k.lower() in PASS_BACK]
         headers.append((b"x-request-id", call.request_id.encode()))
         headers.append((b"x-kv-gateway-engine", engine.name.encode()))
         headers += await rate_limit_headers(call.runtime, call.tenant)
@@ -154,7 +155,7 @@ class CompletionsEndpoint:
         call.started = True
         call.outcome = str(response.status_code)
         assert call.meter is not None
-        async for chunk in call.runtime.upstream.chunks(response):
+        async for chunk in response.chunks():
             call.meter.feed(chunk)
             await send({"type": "http.response.body", "body": chunk, "more_body": True})
         await send({"type": "http.response.body", "body": b"", "more_body": False})
