@@ -90,14 +90,15 @@ class Upstream:
         self._session: aiohttp.ClientSession | None = None  # made on first use, in the loop
         # The read timeout is per socket read: for a stream, the longest silence between two
         # chunks; for a whole answer, the wait for it. One timer per read, none of our own.
+        self._read_s = {True: cfg.idle_timeout_s, False: cfg.first_byte_timeout_s}
         self._timeouts = {
             streaming: aiohttp.ClientTimeout(
                 total=None,
                 connect=None,  # waiting for a pooled connection is not limited...
                 sock_connect=cfg.connect_timeout_s,  # ...opening one is
-                sock_read=cfg.idle_timeout_s if streaming else cfg.first_byte_timeout_s,
+                sock_read=read_s,
             )
-            for streaming in (True, False)
+            for streaming, read_s in self._read_s.items()
         }
 
     def _data_session(self) -> aiohttp.ClientSession:
@@ -122,20 +123,19 @@ class Upstream:
         self, base_url: str, path: str, body: bytes, headers: dict[str, str], *, streaming: bool
     ) -> UpstreamResponse:
         """Send the request and return once the engine's status and headers arrived."""
-        timeout = self._timeouts[streaming]
+        read_s = self._read_s[streaming]
         try:
             response = await self._data_session().post(
-                base_url + path, data=body, headers=headers, timeout=timeout
+                base_url + path, data=body, headers=headers, timeout=self._timeouts[streaming]
             )
         except TimeoutError as e:
             raise UpstreamTimeout(
                 f"the engine at {base_url} timed out ({type(e).__name__}); limits: "
                 f"connect {self.cfg.connect_timeout_s:g} s, "
-                f"{'idle' if streaming else 'answer'} {timeout.sock_read:g} s"
+                f"{'idle' if streaming else 'answer'} {read_s:g} s"
             ) from None
         except aiohttp.ClientError as e:
             raise UpstreamUnavailable(
                 f"the engine at {base_url} could not be reached: {type(e).__name__}"
             ) from None
-        assert timeout.sock_read is not None
-        return UpstreamResponse(response, base_url, timeout.sock_read)
+        return UpstreamResponse(response, base_url, read_s)
