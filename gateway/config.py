@@ -14,6 +14,7 @@ from urllib.parse import urlsplit
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from gateway.core.reservation import PredictionPolicy
 from gateway.core.routing import DEFAULT_SCORERS, SCORERS
 
 TOKENIZER_KINDS = ("tiktoken:", "hf:", "engine", "estimate", "estimate:")
@@ -88,9 +89,35 @@ class QueueConfig(_Strict):
     fair_burst_blocks: float = Field(default=256.0, ge=0)
 
 
+class PredictionConfig(_Strict):
+    """The `predicted` reservation's estimate: a quantile of recent output lengths."""
+
+    # Output tokens per sequence reserved: this quantile of the model's recent outputs.
+    quantile: float = Field(default=0.9, gt=0, le=1)
+    # How many completed requests (per model) the quantile is taken over.
+    window: int = Field(default=1000, ge=1)
+    # Worst-case reservations until this many requests of the model have completed.
+    min_samples: int = Field(default=50, ge=1)
+
+    @model_validator(mode="after")
+    def _samples_fit_the_window(self) -> PredictionConfig:
+        if self.min_samples > self.window:
+            raise ValueError(
+                f"min_samples ({self.min_samples}) cannot exceed window ({self.window})"
+            )
+        return self
+
+    def policy(self) -> PredictionPolicy:
+        return PredictionPolicy(self.quantile, self.window, self.min_samples)
+
+
 class AdmissionConfig(_Strict):
     kv_ceiling: float = Field(default=0.95, gt=0, le=1)
-    reservation: Literal["worst_case"] = "worst_case"
+    # worst_case: prompt + the whole output budget (the engine never preempts);
+    # predicted: prompt + min(budget, a quantile of recent outputs) (more concurrency, some
+    # preemption risk). See gateway/core/reservation.py.
+    reservation: Literal["worst_case", "predicted"] = "worst_case"
+    prediction: PredictionConfig = PredictionConfig()
     # Retry-After when no release has been observed yet to estimate a drain rate from.
     retry_fallback_s: float = Field(default=2.0, gt=0)
     # Window over which the release rate (blocks per second) is measured.

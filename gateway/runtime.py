@@ -116,7 +116,12 @@ async def build_runtime(cfg: GatewayConfig) -> Runtime:
     if unserved:
         log.warning("configured models served by no engine: %s", unserved)
     service = Service(
-        pool=pool, scheduler=scheduler, counters=counters, kv_ceiling=cfg.admission.kv_ceiling
+        pool=pool,
+        scheduler=scheduler,
+        counters=counters,
+        kv_ceiling=cfg.admission.kv_ceiling,
+        reservation=cfg.admission.reservation,
+        prediction=cfg.admission.prediction.policy(),
     )
     monitor = EngineMonitor(pool, upstream.client, cfg.health)
     monitor.start()

@@ -9,8 +9,11 @@ from __future__ import annotations
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Literal
 
 from gateway.core.admission import NeverFits, place
+from gateway.core.kvmath import ceil_div
+from gateway.core.reservation import OutputLengths, PredictionPolicy
 from gateway.core.types import EngineSpec, RequestShape, TenantPolicy
 from gateway.engines.pool import EnginePool
 from gateway.errors import BadRequest, ContextOverflow, ModelNotFound, UpstreamUnavailable
@@ -40,11 +43,18 @@ class Service:
         scheduler: Scheduler,
         counters: Mapping[str, TokenCounter],
         kv_ceiling: float,
+        reservation: Literal["worst_case", "predicted"] = "worst_case",
+        prediction: PredictionPolicy | None = None,
     ) -> None:
         self.pool = pool
         self.scheduler = scheduler
         self.counters = counters
         self.kv_ceiling = kv_ceiling
+        self.reservation = reservation
+        # Output lengths per model, learned in both modes (the metrics show what `predicted`
+        # would reserve); only `predicted` reserves by them.
+        policy = prediction or PredictionPolicy()
+        self.output_lengths = {model: OutputLengths(policy) for model in counters}
 
     async def admit(
         self,
@@ -64,7 +74,7 @@ class Service:
             raise UpstreamUnavailable(f"no other engine serves `{inbound.model}`")
         if shape is None:
             shape = await self.shape(inbound)
-        placement = place(shape, engines, self.kv_ceiling)
+        placement = place(shape, engines, self.kv_ceiling, self.output_cap(inbound.model))
         if isinstance(placement, NeverFits):
             raise ContextOverflow(placement.message, param=placement.param)
         ask = Ask(
@@ -79,6 +89,21 @@ class Service:
 
     async def release(self, lease: Lease, used_tokens: int | None = None) -> None:
         await self.scheduler.release(lease, used_tokens)
+
+    def output_cap(self, model: str) -> int | None:
+        """Output tokens per sequence to reserve at most; None = the whole budget."""
+        if self.reservation != "predicted":
+            return None
+        lengths = self.output_lengths.get(model)
+        return None if lengths is None else lengths.predicted()
+
+    def observe_output(self, model: str, shape: RequestShape, used_tokens: int) -> None:
+        """Learn from a request that completed: its output tokens per sequence (rounded up)."""
+        lengths = self.output_lengths.get(model)
+        seqs = shape.n * len(shape.prompt_tokens)
+        output = used_tokens - shape.n * sum(shape.prompt_tokens)
+        if lengths is not None and seqs > 0 and output >= 0:
+            lengths.observe(ceil_div(output, seqs))
 
     def _share_blocks(self, tenant: TenantPolicy) -> int | None:
         """`kv_share` in blocks: a fraction of all engines' admissible blocks."""

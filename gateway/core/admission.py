@@ -30,8 +30,13 @@ class NeverFits:
 
 
 def place(
-    shape: RequestShape, engines: Sequence[EngineSpec], kv_ceiling: float
+    shape: RequestShape,
+    engines: Sequence[EngineSpec],
+    kv_ceiling: float,
+    output_cap: int | None = None,
 ) -> Placement | NeverFits:
+    """Footprints on the engines where `shape` could run. Whether it could ever run is
+    judged on its worst case; the blocks it reserves there are capped by `output_cap`."""
     needs: dict[str, Footprint] = {}
     reasons: list[NeverFits] = []
     for spec in engines:
@@ -61,6 +66,8 @@ def place(
                 )
             )
             continue
+        if output_cap is not None:
+            need = footprint(shape, spec.block_size, spec.max_model_len, output_cap)
         needs[spec.name] = need
     if needs:
         return Placement(needs)

@@ -22,14 +22,22 @@ def output_budget(prompt_tokens: int, requested: int | None, max_model_len: int)
     return requested
 
 
-def footprint(shape: RequestShape, block_size: int, max_model_len: int) -> Footprint:
-    """Worst-case blocks, sequences and tokens of `shape` on an engine of that geometry."""
+def footprint(
+    shape: RequestShape, block_size: int, max_model_len: int, output_cap: int | None = None
+) -> Footprint:
+    """Blocks, sequences and tokens of `shape` on an engine of that geometry.
+
+    Blocks hold the worst case (prompt + the whole output budget) unless `output_cap` limits
+    the output each sequence is reserved for (the `predicted` reservation); tokens are
+    always the worst case (what TPM charges up front).
+    """
     blocks = 0
     tokens = 0
     for prompt in shape.prompt_tokens:
-        seq_tokens = prompt + output_budget(prompt, shape.max_output_tokens, max_model_len)
-        blocks += shape.n * ceil_div(seq_tokens, block_size)
-        tokens += shape.n * seq_tokens
+        budget = output_budget(prompt, shape.max_output_tokens, max_model_len)
+        reserved = budget if output_cap is None else min(budget, output_cap)
+        blocks += shape.n * ceil_div(prompt + reserved, block_size)
+        tokens += shape.n * (prompt + budget)
     return Footprint(blocks=blocks, seqs=shape.n * len(shape.prompt_tokens), tokens=tokens)
 
 

@@ -96,7 +96,8 @@ class RequestShape:
 
 @dataclass(frozen=True, slots=True)
 class Footprint:
-    """A request's worst-case claim on one engine."""
+    """A request's claim on one engine: the blocks reserved for it (the worst case, or less
+    under a predicted reservation), its sequences, and its worst-case tokens."""
 
     blocks: int
     seqs: int

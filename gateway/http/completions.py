@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import aiohttp
 from starlette.types import Receive, Scope, Send
 
-from gateway.core.types import EngineSpec, TenantPolicy
+from gateway.core.types import EngineSpec, RequestShape, TenantPolicy
 from gateway.errors import GatewayError, RateLimited, UpstreamUnavailable
 from gateway.http.errors import rate_limit_headers, send_error, sse_error_event
 from gateway.http.parse import Inbound, Kind, parse_body
@@ -100,6 +100,8 @@ class CompletionsEndpoint:
             runtime.metrics.requests.labels(call.model, call.outcome).inc()
             if call.lease is not None:
                 used = call.meter.total_tokens() if call.meter is not None else None
+                if call.completed and used is not None and call.shape is not None:
+                    runtime.service.observe_output(call.model, call.shape, used)
                 # Shielded: a second cancellation must not lose the release.
                 await asyncio.shield(runtime.service.release(call.lease, used))
 
@@ -134,6 +136,7 @@ class CompletionsEndpoint:
                 admitted.engine.url, self.path, body, headers, streaming=call.streaming
             )
         call.meter = UsageMeter(streaming=call.streaming, prompt_tokens=admitted.prompt_tokens)
+        call.shape = admitted.shape
         return admitted.engine, response
 
     async def _relay(
@@ -159,6 +162,7 @@ class CompletionsEndpoint:
             call.meter.feed(chunk)
             await send({"type": "http.response.body", "body": chunk, "more_body": True})
         await send({"type": "http.response.body", "body": b"", "more_body": False})
+        call.completed = response.status_code == 200
 
 
 @dataclass
@@ -174,6 +178,8 @@ class _Call:
     outcome: str = "cancelled"
     lease: Lease | None = None
     meter: UsageMeter | None = None
+    shape: RequestShape | None = None
+    completed: bool = False  # the engine's whole 200 answer reached the client
 
 
 async def _fail(send: Send, error: GatewayError, call: _Call) -> None:

@@ -60,6 +60,14 @@ class GatewayMetrics:
             registry=self.registry,
         )
 
+        self.predicted_output = Gauge(
+            "kv_gateway_predicted_output_tokens",
+            "Output tokens per sequence a `predicted` reservation reserves at most (the "
+            "quantile of recent outputs); absent until enough requests completed.",
+            ["model"],
+            registry=self.registry,
+        )
+
     async def render(self, runtime: Runtime) -> bytes:
         loads = await runtime.store.loads()
         self.queue_length.set(await runtime.store.queue_length())
@@ -73,4 +81,8 @@ class GatewayMetrics:
             )
             self.engine_healthy.labels(name).set(1 if state.healthy else 0)
             self.engine_used_blocks.labels(name).set(state.used_blocks or 0)
+        for model, lengths in runtime.service.output_lengths.items():
+            predicted = lengths.predicted()
+            if predicted is not None:
+                self.predicted_output.labels(model).set(predicted)
         return generate_latest(self.registry)

@@ -1,0 +1,194 @@
+"""`worst_case` against `predicted` reservations, same engine, same load, one run.
+
+    python loadtest/bench_reservation.py [--seconds 20] [--clients 48] [--long-fraction 0.1]
+
+For each mode, a fresh simulated engine (`python -m gateway.sim`: 512 usable blocks of 16
+tokens, max_num_seqs 64, 8 ms + 0.1 ms per sequence per decode step) and a fresh
+`kv-gateway serve` in front of it (`--kv-ceiling`, default 1.0; queue 1024 × 60 s;
+`predicted`: quantile 0.9 of the last 1,000 outputs, after 50) take the same closed-loop
+load: `--clients`
+clients, each sending one completion after another, prompts of 10–200 token ids, and
+`max_tokens` 1024, a loose upper bound as clients often ask. Most requests stop naturally
+after 1–96 tokens (the simulator's EOS); `--long-fraction` of them ignore EOS and really
+produce 600 tokens, far beyond any prediction. After `--warmup-s` (the predictor learns; it
+is not measured) the script counts, for `--seconds`: requests completed per second, output
+tokens per second, latency p50/p95, 429s, and from the engine the preemptions and the peak
+of running requests; then prints the ratio predicted / worst case.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+from bench_overhead import Child, free_port, machine, spawn, wait_healthy
+
+ENGINE = {"num_gpu_blocks": 513, "block_size": 16, "max_num_seqs": 64, "max_model_len": 2048}
+MAX_TOKENS = 1024
+LONG_TOKENS = 600
+
+
+def start(workdir: Path, mode: str, kv_ceiling: float) -> tuple[list[Child], str, str]:
+    port = free_port()
+    engine_cmd = [
+        sys.executable, "-m", "gateway.sim", "--host", "127.0.0.1", "--port", str(port),
+        "--num-gpu-blocks", str(ENGINE["num_gpu_blocks"]),
+        "--block-size", str(ENGINE["block_size"]),
+        "--max-num-seqs", str(ENGINE["max_num_seqs"]),
+        "--max-model-len", str(ENGINE["max_model_len"]),
+        "--decode-ms-base", "8", "--decode-ms-per-seq", "0.1",
+        "--prefill-ms-per-token", "0.005", "--log-level", "warning",
+    ]  # fmt: skip
+    engine = spawn(f"engine-{mode}", engine_cmd, workdir)
+    engine_url = f"http://127.0.0.1:{port}"
+    wait_healthy(engine, engine_url)
+    cfg = {
+        "engines": [{"name": "sim", "url": engine_url, **ENGINE}],
+        "models": [{"name": "tiny", "tokenizer": "hf:@tiny"}],
+        "queue": {"max_length": 1024, "max_wait_s": 60},
+        "admission": {
+            "kv_ceiling": kv_ceiling,
+            "reservation": mode,
+            "prediction": {"quantile": 0.9, "window": 1000, "min_samples": 50},
+        },
+        "health": {"scrape_interval_s": 0.5},
+    }
+    config = workdir / f"gateway-{mode}.yaml"
+    config.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    port = free_port()
+    gateway_cmd = [
+        sys.executable, "-m", "gateway.cli", "serve", "--config", str(config),
+        "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning",
+    ]  # fmt: skip
+    gateway = spawn(f"gateway-{mode}", gateway_cmd, workdir)
+    gateway_url = f"http://127.0.0.1:{port}"
+    wait_healthy(gateway, gateway_url)
+    return [gateway, engine], engine_url, gateway_url
+
+
+async def load(
+    gateway_url: str, engine_url: str, args: argparse.Namespace, seed: int
+) -> dict[str, Any]:
+    rng = random.Random(seed)
+    measuring = False
+    latencies: list[float] = []
+    outputs = 0
+    refused = 0
+    errors = 0
+    stop = asyncio.Event()
+
+    async def client(http: httpx.AsyncClient) -> None:
+        nonlocal outputs, refused, errors
+        while not stop.is_set():
+            long = rng.random() < args.long_fraction
+            body = {
+                "model": "tiny",
+                "prompt": [rng.randrange(100, 2000) for _ in range(rng.randint(10, 200))],
+                "max_tokens": LONG_TOKENS if long else MAX_TOKENS,
+                "ignore_eos": long,
+            }
+            started = time.monotonic()
+            try:
+                r = await http.post(gateway_url + "/v1/completions", json=body)
+            except httpx.HTTPError:
+                errors += measuring
+                continue
+            if not measuring:
+                continue
+            if r.status_code == 200:
+                latencies.append(time.monotonic() - started)
+                outputs += r.json()["usage"]["completion_tokens"]
+            elif r.status_code == 429:
+                refused += 1
+                await asyncio.sleep(float(r.headers.get("retry-after", "1")))
+            else:
+                errors += 1
+
+    async with httpx.AsyncClient(
+        timeout=120, limits=httpx.Limits(max_connections=args.clients, keepalive_expiry=2)
+    ) as http:
+        tasks = [asyncio.create_task(client(http)) for _ in range(args.clients)]
+        await asyncio.sleep(args.warmup_s)
+        before = (await http.get(engine_url + "/sim/state")).json()
+        measuring = True
+        t0 = time.monotonic()
+        peak_running = 0
+        while time.monotonic() - t0 < args.seconds:
+            await asyncio.sleep(0.1)
+            state = (await http.get(engine_url + "/sim/state")).json()
+            peak_running = max(peak_running, state["running"])
+        measuring = False
+        elapsed = time.monotonic() - t0
+        after = (await http.get(engine_url + "/sim/state")).json()
+        stop.set()
+        await asyncio.gather(*tasks)
+        predicted = None
+        for line in (await http.get(gateway_url + "/metrics")).text.splitlines():
+            if line.startswith("kv_gateway_predicted_output_tokens{"):
+                predicted = float(line.rsplit(" ", 1)[1])
+    done = len(latencies)
+    q = statistics.quantiles(latencies, n=20) if done >= 2 else [float("nan")] * 19
+    return {
+        "completed_per_s": done / elapsed,
+        "output_tokens_per_s": outputs / elapsed,
+        "latency_p50_s": statistics.median(latencies) if latencies else float("nan"),
+        "latency_p95_s": q[18],
+        "refused_429": refused,
+        "errors": errors,
+        "preemptions": after["num_preemptions"] - before["num_preemptions"],
+        "peak_running": peak_running,
+        "predicted_output_tokens": predicted,
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--seconds", type=float, default=20.0)
+    parser.add_argument("--warmup-s", type=float, default=8.0)
+    parser.add_argument("--clients", type=int, default=48)
+    parser.add_argument("--long-fraction", type=float, default=0.1)
+    parser.add_argument("--kv-ceiling", type=float, default=1.0)
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+    print(f"machine: {machine()}")
+    print(
+        f"engine {ENGINE}; {args.clients} clients, max_tokens {MAX_TOKENS} "
+        f"({args.long_fraction:.0%} ignore EOS and produce {LONG_TOKENS}); "
+        f"kv_ceiling {args.kv_ceiling:g}; warm-up {args.warmup_s:g} s, measured {args.seconds:g} s"
+    )
+    results: dict[str, dict[str, Any]] = {}
+    with tempfile.TemporaryDirectory(prefix="bench-reservation-") as tmp:
+        for mode in ("worst_case", "predicted"):
+            children, engine_url, gateway_url = start(Path(tmp), mode, args.kv_ceiling)
+            try:
+                results[mode] = asyncio.run(load(gateway_url, engine_url, args, args.seed))
+            finally:
+                for child in children:
+                    child.stop()
+            print(f"\n{mode}:")
+            for key, value in results[mode].items():
+                print(f"  {key:24} {value:.3f}" if isinstance(value, float) else
+                      f"  {key:24} {value}")  # fmt: skip
+    w, p = results["worst_case"], results["predicted"]
+    print("\npredicted / worst_case:")
+    for key in ("completed_per_s", "output_tokens_per_s", "latency_p50_s", "latency_p95_s"):
+        print(f"  {key:24} {p[key] / w[key]:.2f}x" if w[key] else f"  {key:24} n/a")
+    if args.json:
+        args.json.write_text(json.dumps({"args": vars(args) | {"json": str(args.json)},
+                                         "results": results}, indent=2))  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

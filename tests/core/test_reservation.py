@@ -1,0 +1,104 @@
+"""The predicted reservation: a window of output lengths, its quantile, and capped blocks."""
+
+import math
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from gateway.core.admission import NeverFits, Placement, place
+from gateway.core.footprint import footprint
+from gateway.core.reservation import OutputLengths, PredictionPolicy
+from gateway.core.types import EngineSpec, RequestShape
+
+
+def lengths(quantile=0.9, window=1000, min_samples=1) -> OutputLengths:
+    return OutputLengths(PredictionPolicy(quantile, window, min_samples))
+
+
+def test_nothing_predicted_before_min_samples():
+    seen = lengths(min_samples=3)
+    for x in (5, 7):
+        seen.observe(x)
+        assert seen.predicted() is None
+    seen.observe(9)
+    assert seen.predicted() == 9
+
+
+@pytest.mark.parametrize(
+    ("quantile", "expected"),
+    [(0.1, 10), (0.5, 50), (0.9, 90), (0.95, 100), (1.0, 100)],
+)
+def test_nearest_rank_quantile(quantile, expected):
+    seen = lengths(quantile)
+    for x in range(100, 0, -10):  # 100, 90, ..., 10: order of arrival does not matter
+        seen.observe(x)
+    assert seen.predicted() == expected
+
+
+def test_the_window_forgets_the_oldest():
+    seen = lengths(quantile=1.0, window=3)
+    for x in (500, 10, 20, 30):
+        seen.observe(x)
+    assert len(seen) == 3
+    assert seen.predicted() == 30  # 500 left the window
+
+
+@given(
+    st.lists(st.integers(0, 5000), min_size=1, max_size=300),
+    st.integers(1, 50),
+    st.floats(0.01, 1.0),
+)
+def test_quantile_is_the_nearest_rank_of_the_window(xs, window, quantile):
+    seen = lengths(quantile, window)
+    for x in xs:
+        seen.observe(x)
+    recent = sorted(xs[-window:])
+    rank = max(1, math.ceil(round(quantile * len(recent), 9)))
+    assert seen.predicted() == recent[rank - 1]
+    # at least `quantile` of the window is at or below the prediction
+    assert sum(x <= seen.predicted() for x in recent) >= quantile * len(recent) - 1e-9
+
+
+@pytest.mark.parametrize(
+    "bad", [(0.0, 10, 1), (1.5, 10, 1), (0.9, 0, 1), (0.9, 10, 0), (0.9, 10, 11)]
+)
+def test_policy_rejects_impossible_values(bad):
+    with pytest.raises(ValueError):
+        PredictionPolicy(*bad)
+
+
+def test_negative_length_is_refused():
+    with pytest.raises(ValueError):
+        lengths().observe(-1)
+
+
+def test_cap_limits_blocks_not_tokens():
+    shape = RequestShape((20,), 2000, n=2)
+    worst = footprint(shape, 16, 4096)
+    capped = footprint(shape, 16, 4096, output_cap=100)
+    assert worst.blocks == 2 * math.ceil(2020 / 16)
+    assert capped.blocks == 2 * math.ceil(120 / 16)
+    assert capped.tokens == worst.tokens == 2 * 2020  # TPM still charges the worst case
+    assert footprint(shape, 16, 4096, output_cap=5000) == worst  # a cap above the budget
+
+
+def test_cap_applies_to_the_budget_left_by_the_context():
+    shape = RequestShape((100,), None)  # no max_tokens: up to max_model_len − prompt
+    assert footprint(shape, 16, 512).blocks == 32
+    assert footprint(shape, 16, 512, output_cap=28).blocks == 8
+
+
+def spec(name: str, blocks: int) -> EngineSpec:
+    return EngineSpec(name, "http://x", frozenset({"m"}), blocks + 1, 16, 8, 4096)
+
+
+def test_place_reserves_the_cap_but_judges_fit_on_the_worst_case():
+    engines = [spec("a", 100), spec("b", 20)]
+    shape = RequestShape((16,), 1584)  # worst case 100 blocks: fits `a` only
+    placed = place(shape, engines, 1.0, output_cap=48)
+    assert isinstance(placed, Placement)
+    assert set(placed.needs) == {"a"}  # not `b`, although 4 blocks would fit there
+    assert placed.needs["a"].blocks == 4
+    too_big = place(RequestShape((16,), 2000), engines, 1.0, output_cap=48)
+    assert isinstance(too_big, NeverFits)  # 400 in both modes: it could outgrow any engine

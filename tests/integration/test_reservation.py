@@ -1,0 +1,107 @@
+"""The `predicted` reservation over real sockets: it learns output lengths from completed
+requests only, and then reserves prompt + that prediction instead of the whole budget."""
+
+import asyncio
+import dataclasses
+import math
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.integration.conftest import FAST, gateway_over
+
+ENGINE = dataclasses.replace(
+    FAST, num_gpu_blocks=101, max_num_seqs=16, max_model_len=1024, decode_ms_base=5.0
+)
+PROMPT = list(range(100, 110))  # 10 token ids: the footprint is exact
+BLOCK = 16
+
+
+def admission(mode: str, kv_ceiling: float = 1.0) -> dict:
+    return {
+        "kv_ceiling": kv_ceiling,
+        "reservation": mode,
+        "prediction": {"quantile": 1.0, "window": 5, "min_samples": 5},
+    }
+
+
+def body(max_tokens: int, *, stream: bool) -> dict:
+    return {
+        "model": "tiny",
+        "prompt": PROMPT,
+        "max_tokens": max_tokens,
+        "ignore_eos": True,
+        "stream": stream,
+    }
+
+
+async def reserved_while_streaming(http: httpx.AsyncClient, url: str, max_tokens: int) -> int:
+    """Blocks reserved for one streaming request, read after its first event; the client
+    then leaves (a request that does not complete teaches nothing)."""
+    async with http.stream(
+        "POST", url + "/v1/completions", json=body(max_tokens, stream=True)
+    ) as r:
+        assert r.status_code == 200
+        async for _ in r.aiter_lines():
+            break
+        status = (await http.get(url + "/admin/status")).json()
+    return sum(e["reserved_blocks"] for e in status["engines"])
+
+
+async def predicted_metric(http: httpx.AsyncClient, url: str) -> float | None:
+    text = (await http.get(url + "/metrics")).text
+    for family in text_string_to_metric_families(text):
+        if family.name == "kv_gateway_predicted_output_tokens":
+            for sample in family.samples:
+                if sample.labels == {"model": "tiny"}:
+                    return sample.value
+    return None
+
+
+@pytest.mark.parametrize("mode", ["worst_case", "predicted"])
+async def test_reservation_follows_learned_output_lengths(mode):
+    worst = math.ceil((10 + 600) / BLOCK)  # 39 blocks
+    async with (
+        gateway_over([ENGINE], admission=admission(mode)) as gw,
+        httpx.AsyncClient(timeout=30) as http,
+    ):
+        # Nothing learned yet: the whole budget, in both modes.
+        assert await reserved_while_streaming(http, gw.url, 600) == worst
+        # Four complete (output 8 each) and the abandoned ones above and below do not
+        # count: still one short of min_samples.
+        for _ in range(4):
+            r = await http.post(gw.url + "/v1/completions", json=body(8, stream=False))
+            assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 8
+        assert await reserved_while_streaming(http, gw.url, 600) == worst
+        assert await predicted_metric(http, gw.url) is None
+        r = await http.post(gw.url + "/v1/completions", json=body(8, stream=True))
+        assert r.status_code == 200 and "[DONE]" in r.text  # a stream counts too
+        assert await predicted_metric(http, gw.url) == 8
+        expected = math.ceil((10 + 8) / BLOCK) if mode == "predicted" else worst
+        assert await reserved_while_streaming(http, gw.url, 600) == expected
+        # A budget below the prediction is reserved as asked.
+        assert await reserved_while_streaming(http, gw.url, 3) == 1
+        for _ in range(100):  # the abandoned streams' releases land
+            status = await gw.status()
+            if all(e["reserved_blocks"] == 0 for e in status["engines"]):
+                break
+            await asyncio.sleep(0.02)
+        assert all(e["reserved_blocks"] == 0 for e in status["engines"])
+
+
+async def test_predicted_mode_still_refuses_what_could_never_fit():
+    """Whether a request could ever run is judged on its worst case in both modes."""
+    # 24 usable blocks, half of them admissible: 12.
+    small = dataclasses.replace(ENGINE, num_gpu_blocks=25, max_model_len=384)
+    async with (
+        gateway_over([small], admission=admission("predicted", kv_ceiling=0.5)) as gw,
+        httpx.AsyncClient(timeout=30) as http,
+    ):
+        for _ in range(5):
+            r = await http.post(gw.url + "/v1/completions", json=body(8, stream=False))
+            assert r.status_code == 200
+        # Worst case ceil(370 / 16) = 24 blocks > 12, though its prediction (1 block) fits.
+        r = await http.post(gw.url + "/v1/completions", json=body(360, stream=False))
+    assert r.status_code == 400
+    assert "needs 24 KV blocks" in r.json()["error"]["message"]
