@@ -38,6 +38,21 @@ def test_url_only_engine_is_enough():
             "models.0.tokenizer",
         ),
         ({"engines": [{"url": "http://a"}], "routing": {"scorers": ["nope"]}}, "routing.scorers"),
+        (
+            {"engines": [{"url": "http://a"}], "admission": {"reservation": "hopeful"}},
+            "admission.reservation",
+        ),
+        (
+            {
+                "engines": [{"url": "http://a"}],
+                "admission": {"prediction": {"window": 10, "min_samples": 20}},
+            },
+            "admission.prediction",
+        ),
+        (
+            {"engines": [{"url": "http://a"}], "admission": {"prediction": {"quantile": 0}}},
+            "admission.prediction.quantile",
+        ),
         ({"engines": [{"url": "http://a"}, {"url": "http://a"}]}, "unique"),
         ({"engines": [{"url": "http://a"}], "extra_top": 1}, "extra_top: unknown key"),
     ],
