@@ -100,11 +100,8 @@ class PredictionConfig(_Strict):
     min_samples: int = Field(default=50, ge=1)
 
     @model_validator(mode="after")
-    def _samples_fit_the_window(self) -> PredictionConfig:
-        if self.min_samples > self.window:
-            raise ValueError(
-                f"min_samples ({self.min_samples}) cannot exceed window ({self.window})"
-            )
+    def _valid_policy(self) -> PredictionConfig:
+        self.policy()  # the core's own checks (min_samples <= window)
         return self
 
     def policy(self) -> PredictionPolicy:

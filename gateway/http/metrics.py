@@ -59,7 +59,6 @@ class GatewayMetrics:
             ["engine"],
             registry=self.registry,
         )
-
         self.predicted_output = Gauge(
             "kv_gateway_predicted_output_tokens",
             "Output tokens per sequence a `predicted` reservation reserves at most (the "
