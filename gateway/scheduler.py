@@ -127,6 +127,10 @@ class Scheduler:
                 # by id is idempotent, so hand back whatever there is.
                 await asyncio.shield(self._abandon(ask.id))
 
+    async def extend(self, lease: Lease, blocks: int) -> Lease:
+        """Grow a running request's lease (see `StateStore.extend`)."""
+        return await self.store.extend(lease, blocks)
+
     async def release(self, lease: Lease, used_tokens: int | None = None) -> None:
         """Give a lease back (idempotent); waiters anywhere are told by the store."""
         if await self.store.release(lease, used_tokens):

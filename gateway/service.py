@@ -12,8 +12,9 @@ from dataclasses import dataclass
 from typing import Literal
 
 from gateway.core.admission import NeverFits, place
+from gateway.core.footprint import output_budget
 from gateway.core.kvmath import ceil_div
-from gateway.core.reservation import OutputLengths, PredictionPolicy
+from gateway.core.reservation import OutputLengths, PredictionPolicy, blocks_short
 from gateway.core.types import EngineSpec, RequestShape, TenantPolicy
 from gateway.engines.pool import EnginePool
 from gateway.errors import BadRequest, ContextOverflow, ModelNotFound, UpstreamUnavailable
@@ -89,6 +90,25 @@ class Service:
 
     async def release(self, lease: Lease, used_tokens: int | None = None) -> None:
         await self.scheduler.release(lease, used_tokens)
+
+    async def extend(self, lease: Lease, blocks: int) -> Lease:
+        return await self.scheduler.extend(lease, blocks)
+
+    def top_up(self, admitted: Admitted, lease: Lease, generated: int) -> int:
+        """Blocks to add to a streaming request's lease that its `generated` tokens (all
+        choices) outgrew; 0 in `worst_case` mode or while the lease suffices."""
+        shape = admitted.shape
+        if self.reservation != "predicted" or len(shape.prompt_tokens) != 1:
+            return 0
+        prompt, spec = shape.prompt_tokens[0], admitted.engine
+        return blocks_short(
+            held_blocks=lease.blocks,
+            seqs=lease.seqs,
+            prompt_tokens=prompt,
+            generated=generated // lease.seqs,
+            budget=output_budget(prompt, shape.max_output_tokens, spec.max_model_len),
+            block_size=spec.block_size,
+        )
 
     def output_cap(self, model: str) -> int | None:
         """Output tokens per sequence to reserve at most; None = the whole budget."""

@@ -46,6 +46,11 @@ class UsageMeter:
                 return
         self._events += 1
 
+    @property
+    def streamed_tokens(self) -> int:
+        """Content events of a stream so far: its generated tokens, all choices together."""
+        return self._events
+
     def total_tokens(self) -> int | None:
         """Prompt + completion tokens used; None when the answer did not say and cannot tell."""
         if self.streaming:

@@ -10,10 +10,12 @@ load: `--clients`
 clients, each sending one completion after another, prompts of 10–200 token ids, and
 `max_tokens` 1024, a loose upper bound as clients often ask. Most requests stop naturally
 after 1–96 tokens (the simulator's EOS); `--long-fraction` of them ignore EOS and really
-produce 600 tokens, far beyond any prediction. After `--warmup-s` (the predictor learns; it
-is not measured) the script counts, for `--seconds`: requests completed per second, output
-tokens per second, latency p50/p95, 429s, and from the engine the preemptions and the peak
-of running requests; then prints the ratio predicted / worst case.
+produce 600 tokens, far beyond any prediction. With `--stream` the answers are streamed,
+and the gateway extends a stream's lease as it outgrows its prediction. After `--warmup-s`
+(the predictor learns; it is not measured) the script counts, for `--seconds`: requests
+completed per second, output tokens per second, latency p50/p95, 429s, and from the engine
+the preemptions and the peak of running requests; then prints the ratio predicted / worst
+case.
 """
 
 from __future__ import annotations
@@ -76,6 +78,15 @@ def start(workdir: Path, mode: str, kv_ceiling: float) -> tuple[list[Child], str
     return [gateway, engine], engine_url, gateway_url
 
 
+def completion_tokens(text: str, *, stream: bool) -> int:
+    if not stream:
+        return int(json.loads(text)["usage"]["completion_tokens"])
+    for line in reversed(text.splitlines()):
+        if line.startswith("data: {") and '"usage": {' in line.replace('"usage":{', '"usage": {'):
+            return int(json.loads(line[6:])["usage"]["completion_tokens"])
+    return 0
+
+
 async def load(
     gateway_url: str, engine_url: str, args: argparse.Namespace, seed: int
 ) -> dict[str, Any]:
@@ -97,6 +108,8 @@ async def load(
                 "max_tokens": LONG_TOKENS if long else MAX_TOKENS,
                 "ignore_eos": long,
             }
+            if args.stream:
+                body |= {"stream": True, "stream_options": {"include_usage": True}}
             started = time.monotonic()
             try:
                 r = await http.post(gateway_url + "/v1/completions", json=body)
@@ -107,7 +120,7 @@ async def load(
                 continue
             if r.status_code == 200:
                 latencies.append(time.monotonic() - started)
-                outputs += r.json()["usage"]["completion_tokens"]
+                outputs += completion_tokens(r.text, stream=args.stream)
             elif r.status_code == 429:
                 refused += 1
                 await asyncio.sleep(float(r.headers.get("retry-after", "1")))
@@ -158,6 +171,9 @@ def main() -> int:
     parser.add_argument("--clients", type=int, default=48)
     parser.add_argument("--long-fraction", type=float, default=0.1)
     parser.add_argument("--kv-ceiling", type=float, default=1.0)
+    parser.add_argument(
+        "--stream", action="store_true", help="streamed answers (the lease follows the tokens)"
+    )
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
@@ -165,7 +181,8 @@ def main() -> int:
     print(
         f"engine {ENGINE}; {args.clients} clients, max_tokens {MAX_TOKENS} "
         f"({args.long_fraction:.0%} ignore EOS and produce {LONG_TOKENS}); "
-        f"kv_ceiling {args.kv_ceiling:g}; warm-up {args.warmup_s:g} s, measured {args.seconds:g} s"
+        f"kv_ceiling {args.kv_ceiling:g}; {'streamed' if args.stream else 'whole'} answers; "
+        f"warm-up {args.warmup_s:g} s, measured {args.seconds:g} s"
     )
     results: dict[str, dict[str, Any]] = {}
     with tempfile.TemporaryDirectory(prefix="bench-reservation-") as tmp:

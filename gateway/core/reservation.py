@@ -9,7 +9,9 @@ output lengths (tokens per sequence) of the model's last `window` completed requ
 `min_samples` requests have completed it reserves the worst case. A sequence that outgrows
 its prediction takes blocks nobody reserved; the engine's own report of used blocks
 (`free = capacity − max(reserved, reported)`) then holds admission back, but a burst of such
-sequences can make the engine preempt: the mode trades that risk for concurrency.
+sequences can make the engine preempt: the mode trades that risk for concurrency. For a
+streamed answer the gateway sees the tokens go by and extends the lease as soon as the
+sequence outgrows it (`blocks_short`), so admission counts the growth at once.
 """
 
 from __future__ import annotations
@@ -19,7 +21,13 @@ import math
 from collections import deque
 from dataclasses import dataclass
 
-__all__ = ["OutputLengths", "PredictionPolicy"]
+from gateway.core.kvmath import ceil_div
+
+__all__ = ["OutputLengths", "PredictionPolicy", "blocks_short"]
+
+# A stream that outgrew its lease is topped up by what it lacks plus this many blocks per
+# sequence, so that a long answer extends its lease once per this many blocks, not per token.
+LOOKAHEAD_BLOCKS = 2
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,3 +73,27 @@ class OutputLengths:
             return None
         rank = math.ceil(round(self.policy.quantile * n, 9))  # round: 0.9 × 10 is 9, not 9.0…2
         return self._sorted[max(1, rank) - 1]
+
+
+def blocks_short(
+    *,
+    held_blocks: int,
+    seqs: int,
+    prompt_tokens: int,
+    generated: int,
+    budget: int,
+    block_size: int,
+) -> int:
+    """Blocks a streaming request's lease lacks, to add now; 0 while it has enough.
+
+    Each of its `seqs` sequences holds `prompt_tokens + generated` tokens (`generated` per
+    sequence) and needs a slot for the next one; the lease holds `held_blocks // seqs` per
+    sequence. When that falls short, the answer is what is missing plus `LOOKAHEAD_BLOCKS`
+    per sequence, never past the worst case (`prompt_tokens + budget`).
+    """
+    have = held_blocks // seqs
+    need = ceil_div(prompt_tokens + generated + 1, block_size)
+    if need <= have:
+        return 0
+    most = ceil_div(prompt_tokens + budget, block_size)
+    return max(0, min(need + LOOKAHEAD_BLOCKS, most) - have) * seqs

@@ -18,12 +18,13 @@ from dataclasses import dataclass
 import aiohttp
 from starlette.types import Receive, Scope, Send
 
-from gateway.core.types import EngineSpec, RequestShape, TenantPolicy
+from gateway.core.types import EngineSpec, TenantPolicy
 from gateway.errors import GatewayError, RateLimited, UpstreamUnavailable
 from gateway.http.errors import rate_limit_headers, send_error, sse_error_event
 from gateway.http.parse import Inbound, Kind, parse_body
 from gateway.proxy import UpstreamResponse
 from gateway.runtime import Runtime
+from gateway.service import Admitted
 from gateway.state.base import DEFAULT_TENANT, Lease
 from gateway.usage import UsageMeter
 
@@ -100,8 +101,8 @@ class CompletionsEndpoint:
             runtime.metrics.requests.labels(call.model, call.outcome).inc()
             if call.lease is not None:
                 used = call.meter.total_tokens() if call.meter is not None else None
-                if call.completed and used is not None and call.shape is not None:
-                    runtime.service.observe_output(call.model, call.shape, used)
+                if call.completed and used is not None and call.admitted is not None:
+                    runtime.service.observe_output(call.model, call.admitted.shape, used)
                 # Shielded: a second cancellation must not lose the release.
                 await asyncio.shield(runtime.service.release(call.lease, used))
 
@@ -136,7 +137,7 @@ class CompletionsEndpoint:
                 admitted.engine.url, self.path, body, headers, streaming=call.streaming
             )
         call.meter = UsageMeter(streaming=call.streaming, prompt_tokens=admitted.prompt_tokens)
-        call.shape = admitted.shape
+        call.admitted = admitted
         return admitted.engine, response
 
     async def _relay(
@@ -157,9 +158,14 @@ class CompletionsEndpoint:
         )
         call.started = True
         call.outcome = str(response.status_code)
-        assert call.meter is not None
+        meter = call.meter
+        assert meter is not None
+        # A predicted reservation may be outgrown: a stream's lease follows its tokens.
+        follow = call.streaming and call.runtime.service.reservation == "predicted"
         async for chunk in response.chunks():
-            call.meter.feed(chunk)
+            meter.feed(chunk)
+            if follow:
+                await _top_up(call, meter.streamed_tokens)
             await send({"type": "http.response.body", "body": chunk, "more_body": True})
         await send({"type": "http.response.body", "body": b"", "more_body": False})
         call.completed = response.status_code == 200
@@ -178,8 +184,17 @@ class _Call:
     outcome: str = "cancelled"
     lease: Lease | None = None
     meter: UsageMeter | None = None
-    shape: RequestShape | None = None
+    admitted: Admitted | None = None
     completed: bool = False  # the engine's whole 200 answer reached the client
+
+
+async def _top_up(call: _Call, generated: int) -> None:
+    """Extend the lease of a stream that outgrew it, so admission counts its blocks now."""
+    assert call.admitted is not None and call.lease is not None
+    service = call.runtime.service
+    more = service.top_up(call.admitted, call.lease, generated)
+    if more:
+        call.lease = await service.extend(call.lease, more)
 
 
 async def _fail(send: Send, error: GatewayError, call: _Call) -> None:

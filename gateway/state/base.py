@@ -14,6 +14,8 @@ Contract:
 - A refused ask charges nothing. Rate limits are charged when a lease is granted; tokens are
   charged up front (`ask.tokens`) and the difference refunded at `release(used_tokens=...)`.
 - `release` is idempotent. Leases not renewed expire (a dead replica's capacity returns).
+- `extend` grows a live lease unconditionally (the blocks are in use already); a released
+  or expired lease is not revived.
 """
 
 from __future__ import annotations
@@ -113,6 +115,13 @@ class StateStore(Protocol):
 
     async def renew(self, leases: Sequence[Lease]) -> None:
         """Keep running requests' leases alive."""
+        ...
+
+    async def extend(self, lease: Lease, blocks: int) -> Lease:
+        """Add `blocks` to a running request's lease (it outgrew a predicted reservation),
+        on its engine and its tenant; never refused, even past the ceiling: the engine holds
+        them already. Returns the lease as now held (unchanged if it is gone). Never raises
+        for a lost Redis (the lease then stays as it was)."""
         ...
 
     async def enqueue(self, entry: QueueEntry, max_length: int) -> QueueVerdict:

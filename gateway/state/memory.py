@@ -212,6 +212,17 @@ class InMemoryStore:
     async def renew(self, leases: Sequence[Lease]) -> None:
         return None  # in-process leases live exactly as long as the process
 
+    async def extend(self, lease: Lease, blocks: int) -> Lease:
+        held = self._held.get(lease.id)
+        if held is None or blocks <= 0:
+            return held.lease if held is not None else lease
+        grown = replace(held.lease, blocks=held.lease.blocks + blocks)
+        self._held[lease.id] = _Held(grown, held.policy)
+        self._add(grown.engine, blocks, 0)
+        usage = self._tenants.get(grown.tenant, TenantUsage())
+        self._tenants[grown.tenant] = replace(usage, blocks=usage.blocks + blocks)
+        return grown
+
     async def enqueue(self, entry: QueueEntry, max_length: int) -> QueueVerdict:
         now = self._expire()
         if entry.id in self._line:

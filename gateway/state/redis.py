@@ -68,7 +68,7 @@ OnFailure = Literal["fail_closed", "fail_open_local"]
 T = TypeVar("T")
 
 KEY_NAMES = ("leases", "lexp", "load", "ten", "rate", "q", "qent", "qexp", "qtf", "fair", "act")
-SCRIPTS = ("admit", "release", "renew", "enqueue", "dequeue", "inspect")
+SCRIPTS = ("admit", "release", "renew", "extend", "enqueue", "dequeue", "inspect")
 # Buckets in debt need up to two minutes to fill again; keys must outlive that idle time.
 MIN_KEY_TTL_S = 130.0
 # After a failed call, go straight to the failure path for this long before trying again.
@@ -150,7 +150,7 @@ class RedisStore:
         self._local_ids: set[str] = set()  # leases granted by the local store in an outage
         # Leases this replica renews: id -> the lease's record as Redis holds it, written
         # again by the renewal if Redis lost it (see renew.lua).
-        self._held: dict[str, str] = {}
+        self._held: dict[str, dict[str, Any]] = {}
         self._pending_release: dict[str, int | None] = {}  # to retry once Redis is back
         self._pending_dequeue: set[str] = set()
         self._down_until = 0.0  # monotonic; before it, skip Redis
@@ -187,19 +187,16 @@ class RedisStore:
             tenant=ask.tenant.name,
             tokens=ask.tokens,
         )
-        self._held[lease.id] = json.dumps(
-            {
-                "e": lease.engine,
-                "b": lease.blocks,
-                "s": lease.seqs,
-                "t": lease.tenant,
-                "k": lease.tokens,
-                "r": self.replica_id,
-                "rpm": ask.tenant.rpm,
-                "tpm": ask.tenant.tpm,
-            },
-            separators=(",", ":"),
-        )
+        self._held[lease.id] = {
+            "e": lease.engine,
+            "b": lease.blocks,
+            "s": lease.seqs,
+            "t": lease.tenant,
+            "k": lease.tokens,
+            "r": self.replica_id,
+            "rpm": ask.tenant.rpm,
+            "tpm": ask.tenant.tpm,
+        }
         return lease
 
     async def release(self, lease: Lease, used_tokens: int | None = None) -> bool:
@@ -225,6 +222,20 @@ class RedisStore:
         if held:
             with contextlib.suppress(StateUnavailable):
                 await self._renew(held)
+
+    async def extend(self, lease: Lease, blocks: int) -> Lease:
+        if lease.id in self._local_ids:
+            return await self._local.extend(lease, blocks)
+        record = self._held.get(lease.id)
+        if record is None or blocks <= 0:
+            return lease
+        try:
+            now = int(await self._call("extend", [lease.id, str(blocks)]))
+        except StateUnavailable:
+            return lease
+        # 0: gone from Redis while its request runs; the renewal writes it again, this size.
+        record["b"] = now or record["b"] + blocks
+        return replace(lease, blocks=record["b"])
 
     async def enqueue(self, entry: QueueEntry, max_length: int) -> QueueVerdict:
         check_policy(entry.tenant.priority, entry.tenant.weight)
@@ -463,11 +474,11 @@ class RedisStore:
             log.warning("redis unreachable (%s: %s); %s", type(e).__name__, e, self.on_failure)
             raise StateUnavailable(f"Shared state (Redis) is unreachable: {e}") from e
 
-    async def _renew(self, held: dict[str, str]) -> None:
+    async def _renew(self, held: dict[str, dict[str, Any]]) -> None:
         """Extend `held` (id -> record); Redis writes again the ones it lost."""
         args = [repr(self.lease_ttl_s)]
         for lease_id, record in held.items():
-            args += [lease_id, record]
+            args += [lease_id, json.dumps(record, separators=(",", ":"))]
         restored = [_text(raw) for raw in await self._call("renew", args)]
         for lease_id in restored:
             if lease_id in self._held:

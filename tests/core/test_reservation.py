@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from gateway.core.admission import NeverFits, Placement, place
 from gateway.core.footprint import footprint
-from gateway.core.reservation import OutputLengths, PredictionPolicy
+from gateway.core.reservation import OutputLengths, PredictionPolicy, blocks_short
 from gateway.core.types import EngineSpec, RequestShape
 
 
@@ -102,3 +102,48 @@ def test_place_reserves_the_cap_but_judges_fit_on_the_worst_case():
     assert placed.needs["a"].blocks == 4
     too_big = place(RequestShape((16,), 2000), engines, 1.0, output_cap=48)
     assert isinstance(too_big, NeverFits)  # 400 in both modes: it could outgrow any engine
+
+
+def short(held=2, seqs=1, prompt=10, generated=0, budget=1000, block=16):
+    return blocks_short(
+        held_blocks=held,
+        seqs=seqs,
+        prompt_tokens=prompt,
+        generated=generated,
+        budget=budget,
+        block_size=block,
+    )
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "expected"),
+    [
+        ({"generated": 21}, 0),  # 10 + 21 + next = 32 tokens: two blocks suffice
+        ({"generated": 22}, 3),  # the third block is needed: 1 missing + 2 ahead
+        ({"generated": 22, "seqs": 2, "held": 4}, 6),  # per sequence, times the sequences
+        ({"generated": 22, "budget": 30}, 1),  # never past the worst case (40 tokens: 3)
+        ({"generated": 100, "held": 3}, 6),  # far behind: 8 needed now, 10 with lookahead
+    ],
+)
+def test_blocks_short_table(kwargs, expected):
+    assert short(**kwargs) == expected
+
+
+@given(
+    st.integers(0, 300),
+    st.integers(0, 600),
+    st.integers(1, 600),
+    st.integers(1, 4),
+    st.sampled_from([16, 128]),
+    st.integers(0, 40),
+)
+def test_a_topped_up_lease_holds_the_next_token(prompt, generated, budget, seqs, block, held):
+    generated = min(generated, budget - 1)  # a sequence still running has budget left
+    held *= seqs
+    add = short(held=held, seqs=seqs, prompt=prompt, generated=generated, budget=budget,
+                block=block)  # fmt: skip
+    per_seq = (held + add) // seqs
+    assert add >= 0 and add % seqs == 0
+    assert per_seq * block >= prompt + generated + 1  # room for the next token
+    if add:
+        assert per_seq <= math.ceil((prompt + budget) / block)  # never past the worst case

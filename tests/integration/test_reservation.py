@@ -105,3 +105,36 @@ async def test_predicted_mode_still_refuses_what_could_never_fit():
         r = await http.post(gw.url + "/v1/completions", json=body(360, stream=False))
     assert r.status_code == 400
     assert "needs 24 KV blocks" in r.json()["error"]["message"]
+
+
+async def test_a_stream_that_outgrows_its_prediction_extends_its_lease():
+    async with (
+        gateway_over([ENGINE], admission=admission("predicted")) as gw,
+        httpx.AsyncClient(timeout=30) as http,
+    ):
+        for _ in range(5):  # learn: outputs of 8 tokens
+            r = await http.post(gw.url + "/v1/completions", json=body(8, stream=False))
+            assert r.status_code == 200
+        worst = math.ceil((10 + 100) / BLOCK)  # 7
+        seen = []
+        async with http.stream(
+            "POST", gw.url + "/v1/completions", json=body(100, stream=True)
+        ) as r:
+            events = 0
+            async for line in r.aiter_lines():
+                if line.startswith("data: {"):
+                    events += 1
+                    if events in (1, 60):
+                        status = await gw.status()
+                        seen.append(sum(e["reserved_blocks"] for e in status["engines"]))
+        assert events == 100
+        # Reserved for the prediction at first (10 + 8 tokens), then grown with the stream:
+        # the gateway had relayed at least 60 tokens, so at least ceil(71 / 16) blocks.
+        assert seen[0] == math.ceil((10 + 8) / BLOCK)
+        assert math.ceil((10 + 60 + 1) / BLOCK) <= seen[1] <= worst
+        for _ in range(100):
+            status = await gw.status()
+            if all(e["reserved_blocks"] == 0 for e in status["engines"]):
+                break
+            await asyncio.sleep(0.02)
+        assert all(e["reserved_blocks"] == 0 for e in status["engines"])

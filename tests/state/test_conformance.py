@@ -365,3 +365,35 @@ async def test_an_entry_leaving_unserved_closes_its_tenants_gap(store):
     got += [await store.try_admit(x) for x in (xa[2], xb[1], xb[2])]
     assert all(isinstance(g, Lease) for g in got), got
     await release_all(store, got)
+
+
+# ---- extending a lease (a request that outgrew a predicted reservation) ---------------
+
+
+async def test_extend_counts_the_new_blocks_everywhere(store):
+    a, t = spec("a", blocks=21, seqs=100), TenantPolicy("t", kv_share=0.5)
+    lease = await store.try_admit(tenant_ask(a, t, blocks=4, max_blocks=10))
+    grown = await store.extend(lease, 5)
+    assert (grown.id, grown.engine, grown.blocks, grown.seqs) == (lease.id, "a", 9, 1)
+    assert (await store.loads())["a"] == EngineLoad(9, 1)
+    # The engine sees them (12 of 20 blocks free → 13 do not fit) ...
+    assert await store.try_admit(ask(a, blocks=12)) == Refusal("no_capacity")
+    # ... and so does the tenant's share (9 held + 2 > 10).
+    assert await store.try_admit(tenant_ask(a, t, blocks=2, max_blocks=10)) == Refusal(
+        "tenant_kv_share"
+    )
+    assert await store.release(grown) is True
+    assert await store.loads() == {}
+
+
+async def test_extend_may_pass_the_ceiling_but_not_revive_a_released_lease(store):
+    a = spec("a", blocks=11)
+    lease = await store.try_admit(ask(a, blocks=8))
+    grown = await store.extend(lease, 6)  # the engine already holds them: never refused
+    assert grown.blocks == 14 and (await store.loads())["a"] == EngineLoad(14, 1)
+    assert await store.try_admit(ask(a, blocks=1)) == Refusal("no_capacity")
+    assert await store.release(grown) is True
+    after = await store.extend(grown, 3)  # gone: nothing is counted
+    assert after == grown
+    assert await store.loads() == {}
+    assert await store.release(grown) is False

@@ -180,6 +180,16 @@ async def test_leases_lost_by_redis_are_written_again_by_the_renewal(replicas, p
     assert store.held == frozenset()
 
 
+async def test_an_extended_lease_is_written_again_with_its_new_size(replicas, prefix):
+    store = replicas("replica-a", lease_ttl_s=30)
+    lease = await store.try_admit(ask(spec("a", blocks=21), blocks=4))
+    grown = await store.extend(lease, 3)
+    await drop_keys(prefix)
+    await store.renew([grown])
+    assert (await store.loads())["a"] == EngineLoad(7, 1)
+    assert await store.release(grown) is True
+
+
 async def test_a_lease_released_during_its_renewal_is_not_left_behind(replicas, prefix):
     """The renewal took its snapshot, then the request ended and its release ran first:
     the lease written again by that renewal is released again, not left to expire."""
