@@ -30,8 +30,8 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    """The subcommand's arguments (exits with a usage message on bad ones, as argparse does)."""
     parser = build_parser()
     # Find the subcommand first, then let its module declare its own arguments.
     command = next((a for a in argv if not a.startswith("-")), None)
@@ -39,7 +39,11 @@ def main(argv: list[str] | None = None) -> int:
         module = importlib.import_module(_COMMANDS[command][0])
         sub_action = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
         module.add_arguments(sub_action.choices[command])
-    args = parser.parse_args(argv)
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(list(sys.argv[1:] if argv is None else argv))
     module = importlib.import_module(args._module)
     result: int = module.run(args)
     return result
