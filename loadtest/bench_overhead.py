@@ -178,18 +178,24 @@ def start_engine(workdir: Path) -> tuple[Child, str]:
     return child, url
 
 
-def gateway_config(engine_url: str, tokenizer: str) -> dict[str, Any]:
-    return {
+def gateway_config(engine_url: str, tokenizer: str, redis_url: str | None) -> dict[str, Any]:
+    cfg: dict[str, Any] = {
         "engines": [{"name": "sim", "url": engine_url, "models": [MODEL], **ENGINE}],
         "models": [{"name": MODEL, "tokenizer": tokenizer}],
         "queue": {"max_length": 4096, "max_wait_s": 30},
         "admission": {"kv_ceiling": 0.95},
     }
+    if redis_url:  # a key prefix of its own: other users of that Redis are not touched
+        cfg["redis"] = {"url": redis_url, "key_prefix": f"bench-{os.getpid()}"}
+    return cfg
 
 
-def start_gateway(workdir: Path, engine_url: str, tokenizer: str) -> tuple[Child, str]:
+def start_gateway(
+    workdir: Path, engine_url: str, tokenizer: str, redis_url: str | None = None
+) -> tuple[Child, str]:
     config = workdir / "gateway.yaml"
-    config.write_text(yaml.safe_dump(gateway_config(engine_url, tokenizer), sort_keys=False))
+    cfg = gateway_config(engine_url, tokenizer, redis_url)
+    config.write_text(yaml.safe_dump(cfg, sort_keys=False))
     port = free_port()
     cmd = [
         sys.executable, "-m", "gateway.cli", "serve", "--config", str(config),
@@ -757,6 +763,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--tokenizer", default="hf:@tiny", help="the gateway's token counter (default hf:@tiny)"
     )
+    p.add_argument(
+        "--redis", help="shared state in this Redis (e.g. redis://127.0.0.1:6379/0), not in-process"
+    )
     p.add_argument("--json", type=Path, help="also write every figure to this file")
     p.add_argument("--profile", type=Path, help="py-spy collapsed stacks of the gateway here")
     p.add_argument("--py-spy", help="py-spy binary (default: PATH, then /tmp/pyspy/bin/py-spy)")
@@ -779,7 +788,7 @@ def run(args: argparse.Namespace, workdir: Path, children: list[Child]) -> dict[
 
     engine, engine_url = start_engine(workdir)
     children.append(engine)
-    gateway, gateway_url = start_gateway(workdir, engine_url, args.tokenizer)
+    gateway, gateway_url = start_gateway(workdir, engine_url, args.tokenizer, args.redis)
     children.append(gateway)
     print(f"engine {engine_url} (pid {engine.pid}), gateway {gateway_url} (pid {gateway.pid})")
 
