@@ -152,7 +152,7 @@ class CompletionsEndpoint:
         headers = [(k, v) for k, v in response.raw_headers if k.lower() in PASS_BACK]
         headers.append((b"x-request-id", call.request_id.encode()))
         headers.append((b"x-kv-gateway-engine", engine.name.encode()))
-        headers += await rate_limit_headers(call.runtime, call.tenant)
+        headers += await rate_limit_headers(call.runtime, call.tenant, call.lease)
         await send(
             {"type": "http.response.start", "status": response.status_code, "headers": headers}
         )

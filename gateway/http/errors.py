@@ -13,6 +13,7 @@ from gateway.errors import GatewayError
 
 if TYPE_CHECKING:
     from gateway.runtime import Runtime
+    from gateway.state.base import Lease
 
 
 def error_response_parts(
@@ -48,11 +49,16 @@ def duration(seconds: float) -> str:
     return f"{int(minutes)}m{text}" if minutes else text
 
 
-async def rate_limit_headers(runtime: Runtime, tenant: TenantPolicy) -> list[tuple[bytes, bytes]]:
-    """`x-ratelimit-*` headers for a tenant with request or token limits; none otherwise."""
+async def rate_limit_headers(
+    runtime: Runtime, tenant: TenantPolicy, lease: Lease | None = None
+) -> list[tuple[bytes, bytes]]:
+    """`x-ratelimit-*` headers for a tenant with request or token limits; none otherwise.
+    From the lease when its admission reported them, else asked of the store."""
     if tenant.rpm is None and tenant.tpm is None:
         return []
-    state = await runtime.store.rate_limits(tenant)
+    state = lease.rates if lease is not None and lease.rates is not None else None
+    if state is None:
+        state = await runtime.store.rate_limits(tenant)
     out: list[tuple[bytes, bytes]] = []
     for kind, limit, remaining, reset in (
         ("requests", state.limit_requests, state.remaining_requests, state.reset_requests_s),

@@ -21,7 +21,7 @@ Contract:
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
 from gateway.core.routing import Candidate
@@ -35,7 +35,9 @@ DEFAULT_TENANT = TenantPolicy()
 class Lease:
     """A reservation of `blocks` and `seqs` on `engine`, held until released (or expired).
 
-    `tokens` is what was charged against the tenant's TPM at admission."""
+    `tokens` is what was charged against the tenant's TPM at admission; `rates` are the
+    tenant's rate limits as this admission left them (for the `x-ratelimit-*` headers, no
+    second trip to the store), None when the tenant has no rate limit."""
 
     id: str
     engine: str
@@ -43,6 +45,7 @@ class Lease:
     seqs: int
     tenant: str = "default"
     tokens: int = 0
+    rates: RateLimitValues | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True, slots=True)

@@ -156,6 +156,15 @@ class InMemoryStore:
         chosen = self._router.pick(views, ask.kv_ceiling, self._chooser)
         if chosen is None:
             return Refusal("no_capacity")
+        charged = tenants.charge(
+            usage,
+            rpm=policy.rpm,
+            tpm=policy.tpm,
+            blocks=chosen.need.blocks,
+            tokens=ask.tokens,
+            now=now,
+        )
+        limited = policy.rpm is not None or policy.tpm is not None
         lease = Lease(
             id=ask.lease_id,
             engine=chosen.view.spec.name,
@@ -163,6 +172,9 @@ class InMemoryStore:
             seqs=chosen.need.seqs,
             tenant=policy.name,
             tokens=ask.tokens,
+            rates=tenants.rate_limit_values(charged, rpm=policy.rpm, tpm=policy.tpm, now=now)
+            if limited
+            else None,
         )
         self._held[lease.id] = _Held(lease, policy)
         if self.headroom > 0:
@@ -174,9 +186,7 @@ class InMemoryStore:
                 window=self._active_window_s,
             )
         self._add(lease.engine, lease.blocks, lease.seqs)
-        self._tenants[policy.name] = tenants.charge(
-            usage, rpm=policy.rpm, tpm=policy.tpm, blocks=lease.blocks, tokens=ask.tokens, now=now
-        )
+        self._tenants[policy.name] = charged
         if self._line.serve(ask.lease_id) is not None:
             self._notify()  # the line moved: those behind may now go
         else:

@@ -186,6 +186,7 @@ class RedisStore:
             seqs=int(reply[3]),
             tenant=ask.tenant.name,
             tokens=ask.tokens,
+            rates=_rates(ask.tenant, reply) if kind == "lease" else None,
         )
         self._held[lease.id] = {
             "e": lease.engine,
@@ -555,3 +556,15 @@ def _loads(raw: Sequence[Any]) -> dict[str, EngineLoad]:
     return {
         name: EngineLoad(fields.get(f"b:{name}", 0), fields.get(f"s:{name}", 0)) for name in names
     }
+
+
+def _rates(tenant: TenantPolicy, reply: Sequence[Any]) -> RateLimitState | None:
+    """The tenant's rate limits as a granted admission left them (its reply's levels)."""
+    if tenant.rpm is None and tenant.tpm is None:
+        return None
+    requests, tokens, now = (_text(v) for v in reply[4:7])
+    usage = TenantUsage(
+        requests=Bucket(float(requests), float(now)) if requests else None,
+        tokens=Bucket(float(tokens), float(now)) if tokens else None,
+    )
+    return tenants.rate_limit_values(usage, rpm=tenant.rpm, tpm=tenant.tpm, now=float(now))

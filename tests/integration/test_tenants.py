@@ -72,3 +72,19 @@ async def test_limits_codes_and_headers_in_process():
         status = await gw.status()
         assert status["queue"]["length"] == 0
         assert all(e["reserved_blocks"] == 0 for e in status["engines"])
+
+
+async def test_ratelimit_headers_of_a_granted_request_come_with_its_admission():
+    """No second trip to the store for the headers: the admission reported the limits."""
+    tenants = [tenant("b", rpm=5, tpm=1000)]
+    async with gateway_over([ENGINE], tenants=tenants) as gw, httpx.AsyncClient(timeout=30) as http:
+
+        async def not_asked(_tenant):
+            raise AssertionError("rate_limits was asked for a granted request")
+
+        gw.runtime.store.rate_limits = not_asked
+        r = await call(http, gw.url, "b", 50)
+    assert r.status_code == 200
+    assert r.headers["x-ratelimit-remaining-requests"] == "4"
+    assert r.headers["x-ratelimit-limit-tokens"] == "1000"
+    assert r.headers["x-ratelimit-remaining-tokens"] == str(1000 - (4 + 50))  # charged up front

@@ -397,3 +397,19 @@ async def test_extend_may_pass_the_ceiling_but_not_revive_a_released_lease(store
     assert after == grown
     assert await store.loads() == {}
     assert await store.release(grown) is False
+
+
+async def test_a_granted_lease_carries_the_rate_limits_it_left(store):
+    a, t = spec("a", blocks=101, seqs=100), TenantPolicy("t", rpm=10, tpm=1000)
+    first = await store.try_admit(tenant_ask(a, t, tokens=300))
+    second = await store.try_admit(tenant_ask(a, t, tokens=200))
+    assert (first.rates.limit_requests, first.rates.remaining_requests) == (10, 9)
+    assert (first.rates.limit_tokens, first.rates.remaining_tokens) == (1000, 700)
+    assert (second.rates.remaining_requests, second.rates.remaining_tokens) == (8, 500)
+    now = await store.rate_limits(t)  # the same as the store says, but for the clock
+    assert (now.remaining_requests, now.remaining_tokens) == (8, 500)
+    assert second.rates.reset_tokens_s == pytest.approx(now.reset_tokens_s, abs=0.5)
+    assert second.rates.reset_requests_s == pytest.approx(now.reset_requests_s, abs=0.5)
+    free = await store.try_admit(tenant_ask(a, TenantPolicy("free")))
+    assert free.rates is None  # no limits, nothing to report
+    await release_all(store, [first, second, free])

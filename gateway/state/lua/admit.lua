@@ -8,7 +8,8 @@
 --   blocks and seqs this replica holds outside Redis (leases granted in an outage).
 --   Free capacity counts the larger of what the gateway reserved and what the engine
 --   reports in use (gateway/core/types.py EngineView).
--- Reply: {'lease', engine, blocks, seqs} | {'refused', code, retry_after_s or ''}
+-- Reply: {'lease', engine, blocks, seqs, rpm level, tpm level, now} (levels after this
+--        request, '' without that limit) | {'refused', code, retry_after_s or ''}
 --        | {'exists', engine, blocks, seqs, replica}
 local id, replica, lease_ttl = ARGV[3], ARGV[4], tonumber(ARGV[5])
 local tenant, prio, weight = ARGV[6], tonumber(ARGV[7]), tonumber(ARGV[8])
@@ -172,4 +173,5 @@ if own then
 else
   charge(tenant, prio, weight, chosen.b, burst)
 end
-return finish({'lease', chosen.name, chosen.b, chosen.s})
+return finish({'lease', chosen.name, chosen.b, chosen.s,
+  rpm and fmt(rpm_level - 1) or '', tpm and fmt(tpm_level - tokens) or '', fmt(NOW)})
