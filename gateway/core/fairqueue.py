@@ -209,6 +209,15 @@ class FairQueue:
         start = self._tag(tenant, priority, weight)
         self._remember(tenant, priority, start, start + blocks / weight)
 
+    def surcharge(self, tenant: str, priority: int, weight: float, blocks: int) -> None:
+        """More blocks for a request already served (its lease grew): charged like a job
+        starting at `max(V, F_t)`, without burst credit, so the tenant's later entries
+        stand further back by `blocks / weight`."""
+        check_policy(priority, weight)
+        self._hold_v(priority)
+        start = max(self.virtual_now(priority), self.last_finish(tenant, priority))
+        self._remember(tenant, priority, start, start + blocks / weight)
+
     def expire(self, now: float) -> list[Waiting]:
         """Remove and return entries whose time is up (they leave without service)."""
         gone = sorted((e for e in self._entries.values() if e.expires_at <= now), key=_by_key)

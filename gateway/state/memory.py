@@ -229,6 +229,8 @@ class InMemoryStore:
         grown = replace(held.lease, blocks=held.lease.blocks + blocks)
         self._held[lease.id] = _Held(grown, held.policy)
         self._add(grown.engine, blocks, 0)
+        policy = held.policy
+        self._line.surcharge(policy.name, policy.priority, policy.weight, blocks)
         usage = self._tenants.get(grown.tenant, TenantUsage())
         self._tenants[grown.tenant] = replace(usage, blocks=usage.blocks + blocks)
         return grown

@@ -197,6 +197,8 @@ class RedisStore:
             "r": self.replica_id,
             "rpm": ask.tenant.rpm,
             "tpm": ask.tenant.tpm,
+            "p": ask.tenant.priority,
+            "w": ask.tenant.weight,
         }
         return lease
 

@@ -347,3 +347,13 @@ def test_burst_credit_bound_over_any_window(ops, burst, weights):
             got[tenant] += blocks
             share = weight[tenant] * (v_before[k] - v_before[i])
             assert got[tenant] <= share + burst + 32 + 1e-6
+
+
+def test_surcharge_moves_the_finish_tag_without_burst_credit():
+    line = FairQueue(burst_blocks=64)
+    line.charge("t", 0, 2.0, 4)  # finish 0 + 4/2 = 2 (the credit only moves starts back)
+    assert line.last_finish("t", 0) == 2
+    line.surcharge("t", 0, 2.0, 6)  # from max(V, F) = 2, 6 more blocks at weight 2
+    assert line.last_finish("t", 0) == 5
+    line.surcharge("u", 0, 1.0, 3)  # a tenant with no history starts at V
+    assert line.last_finish("u", 0) == line.virtual_now(0) + 3

@@ -413,3 +413,20 @@ async def test_a_granted_lease_carries_the_rate_limits_it_left(store):
     free = await store.try_admit(tenant_ask(a, TenantPolicy("free")))
     assert free.rates is None  # no limits, nothing to report
     await release_all(store, [first, second, free])
+
+
+async def test_an_extended_lease_charges_its_tenant_in_the_fair_line(store):
+    a = spec("a", blocks=11, seqs=100)
+    ta, tb = TenantPolicy("ta"), TenantPolicy("tb")
+    la = await store.try_admit(tenant_ask(a, ta, blocks=2))
+    lb = await store.try_admit(tenant_ask(a, tb, blocks=2))
+    la = await store.extend(la, 6)  # ta's request grew: 8 blocks; the engine is full
+    a_ask, b_ask = tenant_ask(a, ta, queued=True), tenant_ask(a, tb, queued=True)
+    for x in (a_ask, b_ask):  # ta's entry arrives first ...
+        assert await store.enqueue(queue_entry(x, x.tenant), max_length=10) == "queued"
+    await release_all(store, [la, lb])
+    # ... but ta has been charged 8 blocks to tb's 2: tb's entry goes first.
+    assert await store.try_admit(a_ask) == Refusal("queued_ahead")
+    got = [await store.try_admit(b_ask), await store.try_admit(a_ask)]
+    assert all(isinstance(g, Lease) for g in got), got
+    await release_all(store, got)

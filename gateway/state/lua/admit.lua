@@ -158,7 +158,7 @@ local chosen = ties[(seed % #ties) + 1]
 -- The lease, the counters, the charges.
 redis.call('HSET', K_LEASES, id, cjson.encode({
   e = chosen.name, b = chosen.b, s = chosen.s, t = tenant, k = tokens, r = replica,
-  rpm = rpm, tpm = tpm,
+  rpm = rpm, tpm = tpm, p = prio, w = weight,
 }))
 redis.call('ZADD', K_LEXP, NOW + lease_ttl, id)
 add(K_LOAD, 'b:' .. chosen.name, chosen.b)

@@ -2,7 +2,7 @@
 --
 -- KEYS (one hash tag, so one Cluster slot):
 --   1 leases  HASH  lease id -> json {e engine, b blocks, s seqs, t tenant, k tokens,
---                   r replica, rpm, tpm}
+--                   r replica, rpm, tpm, p priority, w weight}
 --   2 lexp    ZSET  lease id -> expiry (Redis time, s)
 --   3 load    HASH  "b:<engine>" / "s:<engine>" -> reserved blocks / sequences
 --   4 ten     HASH  "n:<tenant>" / "k:<tenant>" -> requests in flight / blocks held
