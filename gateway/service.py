@@ -117,13 +117,13 @@ class Service:
         lengths = self.output_lengths.get(model)
         return None if lengths is None else lengths.predicted()
 
-    def observe_output(self, model: str, shape: RequestShape, used_tokens: int) -> None:
-        """Learn from a request that completed: its output tokens per sequence (rounded up)."""
+    def observe_output(self, model: str, shape: RequestShape, completion_tokens: int) -> None:
+        """Learn from a request that completed: its output tokens per sequence (rounded up),
+        as the engine counted them (the gateway's prompt count may differ from the engine's)."""
         lengths = self.output_lengths.get(model)
         seqs = shape.n * len(shape.prompt_tokens)
-        output = used_tokens - shape.n * sum(shape.prompt_tokens)
-        if lengths is not None and seqs > 0 and output >= 0:
-            lengths.observe(ceil_div(output, seqs))
+        if lengths is not None and seqs > 0:
+            lengths.observe(ceil_div(completion_tokens, seqs))
 
     def _share_blocks(self, tenant: TenantPolicy) -> int | None:
         """`kv_share` in blocks: a fraction of all engines' admissible blocks."""

@@ -10,6 +10,7 @@ event per choice), which is close but not exact.
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 
 MAX_BODY = 1 << 20  # non-streaming answers larger than this are not parsed for usage
 
@@ -20,7 +21,7 @@ class UsageMeter:
         self.prompt_tokens = prompt_tokens
         self._body = bytearray()
         self._events = 0
-        self._reported: int | None = None
+        self._reported: _Usage | None = None
         self._tail = b""
 
     def feed(self, chunk: bytes) -> None:
@@ -48,22 +49,45 @@ class UsageMeter:
 
     @property
     def streamed_tokens(self) -> int:
-        """Content events of a stream so far: its generated tokens, all choices together."""
-        return self._events
+        """A stream's generated tokens so far, all choices together: the engine's own count
+        when its events carry `usage` (`continuous_usage_stats`), else the content events."""
+        reported = self._reported.completion if self._reported is not None else None
+        return self._events if reported is None else reported
 
     def total_tokens(self) -> int | None:
         """Prompt + completion tokens used; None when the answer did not say and cannot tell."""
-        if self.streaming:
-            if self._reported is not None:
-                return self._reported
-            return self.prompt_tokens + self._events
-        return _usage(bytes(self._body))
+        if not self.streaming:
+            usage = _usage(bytes(self._body))
+            return usage.total if usage is not None else None
+        if self._reported is not None and self._reported.total is not None:
+            return self._reported.total
+        return self.prompt_tokens + self._events
+
+    def completion_tokens(self) -> int | None:
+        """Generated tokens, all choices together, as the engine counted them (for a stream
+        without `usage`: its content events); None when the answer did not say."""
+        if not self.streaming:
+            usage = _usage(bytes(self._body))
+            return usage.completion if usage is not None else None
+        return self.streamed_tokens
 
 
-def _usage(payload: bytes) -> int | None:
+@dataclass(frozen=True, slots=True)
+class _Usage:
+    total: int | None
+    completion: int | None
+
+
+def _usage(payload: bytes) -> _Usage | None:
     try:
         usage = json.loads(payload).get("usage")
-        total = usage.get("total_tokens") if isinstance(usage, dict) else None
     except (ValueError, AttributeError):
         return None
-    return total if isinstance(total, int) and total >= 0 else None
+    if not isinstance(usage, dict):
+        return None
+    got = _Usage(_count(usage.get("total_tokens")), _count(usage.get("completion_tokens")))
+    return None if got == _Usage(None, None) else got
+
+
+def _count(x: object) -> int | None:
+    return x if isinstance(x, int) and x >= 0 else None

@@ -210,13 +210,14 @@ class FairQueue:
         self._remember(tenant, priority, start, start + blocks / weight)
 
     def surcharge(self, tenant: str, priority: int, weight: float, blocks: int) -> None:
-        """More blocks for a request already served (its lease grew): charged like a job
-        starting at `max(V, F_t)`, without burst credit, so the tenant's later entries
-        stand further back by `blocks / weight`."""
+        """More blocks for a request already served (its lease grew): the tenant's served
+        finish tag moves on by `blocks / weight` from `max(V, F_served)` (no burst credit),
+        so its later entries stand further back. V itself does not move: entries queued
+        now keep their tags and nobody else's lead is forgiven."""
         check_policy(priority, weight)
-        self._hold_v(priority)
-        start = max(self.virtual_now(priority), self.last_finish(tenant, priority))
-        self._remember(tenant, priority, start, start + blocks / weight)
+        key = (priority, tenant)
+        start = max(self.virtual_now(priority), self._served.get(key, 0.0))
+        self._served[key] = start + blocks / weight
 
     def expire(self, now: float) -> list[Waiting]:
         """Remove and return entries whose time is up (they leave without service)."""

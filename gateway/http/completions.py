@@ -101,8 +101,10 @@ class CompletionsEndpoint:
             runtime.metrics.requests.labels(call.model, call.outcome).inc()
             if call.lease is not None:
                 used = call.meter.total_tokens() if call.meter is not None else None
-                if call.completed and used is not None and call.admitted is not None:
-                    runtime.service.observe_output(call.model, call.admitted.shape, used)
+                if call.completed and call.meter is not None and call.admitted is not None:
+                    generated = call.meter.completion_tokens()
+                    if generated is not None:
+                        runtime.service.observe_output(call.model, call.admitted.shape, generated)
                 # Shielded: a second cancellation must not lose the release.
                 await asyncio.shield(runtime.service.release(call.lease, used))
 

@@ -232,6 +232,15 @@ class InMemoryStore:
         policy = held.policy
         self._line.surcharge(policy.name, policy.priority, policy.weight, blocks)
         usage = self._tenants.get(grown.tenant, TenantUsage())
+        seen = self._activity.get(grown.tenant)
+        if seen is not None:  # the headroom rule's average, before `held` changes
+            self._activity[grown.tenant] = room.observe(
+                seen,
+                weight=None,
+                held=usage.blocks,
+                now=self._clock(),
+                window=self._active_window_s,
+            )
         self._tenants[grown.tenant] = replace(usage, blocks=usage.blocks + blocks)
         return grown
 

@@ -188,7 +188,7 @@ class RedisStore:
             tokens=ask.tokens,
             rates=_rates(ask.tenant, reply) if kind == "lease" else None,
         )
-        self._held[lease.id] = {
+        record = {
             "e": lease.engine,
             "b": lease.blocks,
             "s": lease.seqs,
@@ -200,6 +200,8 @@ class RedisStore:
             "p": ask.tenant.priority,
             "w": ask.tenant.weight,
         }
+        # As admit.lua writes it: a limit the tenant does not have is absent, not null.
+        self._held[lease.id] = {k: v for k, v in record.items() if v is not None}
         return lease
 
     async def release(self, lease: Lease, used_tokens: int | None = None) -> bool:
@@ -232,12 +234,13 @@ class RedisStore:
         record = self._held.get(lease.id)
         if record is None or blocks <= 0:
             return lease
+        target = int(record["b"]) + blocks  # a size, not a delta: safe to run twice
         try:
-            now = int(await self._call("extend", [lease.id, str(blocks)]))
+            now = int(await self._call("extend", [lease.id, str(record["b"]), str(target)]))
         except StateUnavailable:
             return lease
         # 0: gone from Redis while its request runs; the renewal writes it again, this size.
-        record["b"] = now or record["b"] + blocks
+        record["b"] = now or target
         return replace(lease, blocks=record["b"])
 
     async def enqueue(self, entry: QueueEntry, max_length: int) -> QueueVerdict:
@@ -296,20 +299,11 @@ class RedisStore:
             if self.on_failure == "fail_closed":
                 raise
             return await self._local.rate_limits(self._local_tenant(tenant))
-        now = float(raw[4])
         usage = TenantUsage(
             requests=Bucket(float(raw[0]), float(raw[1])) if raw[0] else None,
             tokens=Bucket(float(raw[2]), float(raw[3])) if raw[2] else None,
         )
-        v = tenants.rate_limit_values(usage, rpm=tenant.rpm, tpm=tenant.tpm, now=now)
-        return RateLimitState(
-            v.limit_requests,
-            v.remaining_requests,
-            v.reset_requests_s,
-            v.limit_tokens,
-            v.remaining_tokens,
-            v.reset_tokens_s,
-        )
+        return tenants.rate_limit_values(usage, rpm=tenant.rpm, tpm=tenant.tpm, now=float(raw[4]))
 
     async def loads(self) -> dict[str, EngineLoad]:
         return await self._read(lambda: self._inspect("loads"), self._local.loads, _loads)
@@ -514,12 +508,14 @@ class RedisStore:
                     await self._renew(dict(self._held))
             except StateUnavailable:
                 pass  # logged by _call; tried again next round
+            except Exception:  # never let the renewals die: the leases would expire
+                log.exception("renewing leases failed; trying again next round")
 
     async def _catch_up(self) -> None:
         """Releases and dequeues that failed in an outage, now that Redis may be back."""
         for lease_id, used in list(self._pending_release.items()):
             await self._call("release", [lease_id, _opt(used)])
-            del self._pending_release[lease_id]
+            self._pending_release.pop(lease_id, None)
         for entry_id in list(self._pending_dequeue):
             await self._call("dequeue", [entry_id])
             self._pending_dequeue.discard(entry_id)

@@ -41,3 +41,21 @@ def test_garbage_gives_none():
     m = UsageMeter(streaming=False, prompt_tokens=1)
     m.feed(b"not json")
     assert m.total_tokens() is None
+
+
+def test_completion_tokens_are_the_engines_own_count():
+    whole = UsageMeter(streaming=False, prompt_tokens=999)  # the gateway's count may differ
+    whole.feed(json.dumps({"usage": {"completion_tokens": 7, "total_tokens": 17}}).encode())
+    assert (whole.completion_tokens(), whole.total_tokens()) == (7, 17)
+    stream = UsageMeter(streaming=True, prompt_tokens=999)
+    stream.feed(sse(*({"choices": [{"text": "x"}]} for _ in range(3))))
+    assert stream.completion_tokens() == stream.streamed_tokens == 3  # events, until told
+    stream.feed(sse({"choices": [], "usage": {"completion_tokens": 4, "total_tokens": 14}}))
+    assert (stream.completion_tokens(), stream.total_tokens()) == (4, 14)
+
+
+def test_continuous_usage_stats_count_the_stream_as_it_goes():
+    m = UsageMeter(streaming=True, prompt_tokens=10)
+    for n in range(1, 6):  # every event carries the running usage, as vLLM's option does
+        m.feed(sse({"choices": [{"text": "xy"}], "usage": {"completion_tokens": 2 * n}}))
+        assert m.streamed_tokens == 2 * n

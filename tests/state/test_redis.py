@@ -180,6 +180,27 @@ async def test_leases_lost_by_redis_are_written_again_by_the_renewal(replicas, p
     assert store.held == frozenset()
 
 
+async def test_a_lease_written_again_releases_with_a_refund_like_any_other(replicas, prefix):
+    """A tenant without TPM: its record has no `tpm` (not JSON null), so the release's
+    refund check passes over it, here as after admit.lua."""
+    store = replicas("replica-a", lease_ttl_s=30)
+    lease = await store.try_admit(replace(ask(spec("a", blocks=21), blocks=4), tokens=40))
+    await drop_keys(prefix)
+    await store.renew([lease])
+    assert await store.release(lease, used_tokens=10) is True  # used != charged
+    assert await store.loads() == {}
+
+
+async def test_a_retried_extend_adds_its_blocks_once(replicas):
+    """redis-py retries a call whose reply was lost: extend sends a size, not a delta."""
+    store = replicas("replica-a", lease_ttl_s=30)
+    lease = await store.try_admit(ask(spec("a", blocks=21), blocks=4))
+    for _ in range(2):  # the same call, run twice
+        assert int(await store._call("extend", [lease.id, "4", "7"])) == 7
+    assert (await store.loads())["a"] == EngineLoad(7, 1)
+    assert await store.release(lease) is True
+
+
 async def test_an_extended_lease_is_written_again_with_its_new_size(replicas, prefix):
     store = replicas("replica-a", lease_ttl_s=30)
     lease = await store.try_admit(ask(spec("a", blocks=21), blocks=4))

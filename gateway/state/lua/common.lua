@@ -41,6 +41,11 @@ local function num(x)
   return tonumber(x) or 0
 end
 
+-- A decoded JSON field that is there: neither missing (nil) nor JSON null (cjson.null).
+local function present(x)
+  return x ~= nil and x ~= cjson.null
+end
+
 -- Add to a counter field; a field that reaches 0 is deleted (nothing left behind).
 local function add(key, field, delta)
   if delta == 0 then return end
@@ -123,7 +128,7 @@ local function drop_lease(id, used)
   add(K_LOAD, 's:' .. l.e, -l.s)
   add(K_TEN, 'n:' .. l.t, -1)
   add(K_TEN, 'k:' .. l.t, -l.b)
-  if used ~= nil and l.tpm ~= nil and used ~= l.k then
+  if used ~= nil and present(l.tpm) and used ~= l.k then
     local level = bucket_level(l.t, 't', l.tpm) + (l.k - used)
     bucket_set(l.t, 't', l.tpm, math.max(-l.tpm, math.min(l.tpm, level)))
   end

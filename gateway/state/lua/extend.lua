@@ -1,15 +1,24 @@
--- extend: ARGV 3 lease id, 4 blocks to add. A running request outgrew its (predicted)
--- reservation: its engine holds the blocks already, so nothing is checked. A lease that is
--- gone is not revived. The tenant's fair-queuing finish tag is charged the new blocks. Reply: the lease's blocks now, or 0 when it is gone.
+-- extend: ARGV 3 lease id, 4 the lease's blocks as the caller knows them, 5 the blocks it
+-- should hold now. A running request outgrew its (predicted) reservation: its engine holds
+-- the blocks already, so nothing is checked. Safe to run twice (a retried call): only what
+-- the lease lacks of ARGV 5 is added. A lease that is gone is not revived. The tenant's
+-- fair-queuing served finish tag moves on by the added blocks / weight, from max(V, F)
+-- (no burst credit; V does not move).
+-- Reply: the lease's blocks now, or 0 when it is gone.
 reap_leases()
 local raw = redis.call('HGET', K_LEASES, ARGV[3])
 if not raw then return finish(0) end
-local l, more = cjson.decode(raw), tonumber(ARGV[4])
-l.b = l.b + more
+local l, target = cjson.decode(raw), tonumber(ARGV[5])
+local more = target - l.b
+if more <= 0 then return finish(l.b) end
+observe(l.t, nil, num(redis.call('HGET', K_TEN, 'k:' .. l.t)), nil) -- before `held` changes
+l.b = target
 redis.call('HSET', K_LEASES, ARGV[3], cjson.encode(l))
 add(K_LOAD, 'b:' .. l.e, more)
 add(K_TEN, 'k:' .. l.t, more)
--- The fair line: the tenant's finish tag moves on, as for a job of `more` blocks started
--- now (no burst credit).
-if l.p and l.w then charge(l.t, l.p, l.w, more, 0) end
+if present(l.p) and present(l.w) then
+  local f = 'f:' .. l.p .. ':' .. l.t
+  local start = math.max(virtual_now(l.p), num(redis.call('HGET', K_FAIR, f)))
+  redis.call('HSET', K_FAIR, f, fmt(start + more / l.w))
+end
 return finish(l.b)
