@@ -197,6 +197,7 @@ async def _top_up(call: _Call, generated: int) -> None:
     more = service.top_up(call.admitted, call.lease, generated)
     if more:
         call.lease = await service.extend(call.lease, more)
+        call.runtime.metrics.extended_blocks.labels(call.model).inc(more)
 
 
 async def _fail(send: Send, error: GatewayError, call: _Call) -> None:

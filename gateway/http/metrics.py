@@ -59,6 +59,12 @@ class GatewayMetrics:
             ["engine"],
             registry=self.registry,
         )
+        self.extended_blocks = Counter(
+            "kv_gateway_extended_blocks",
+            "KV blocks added to the leases of streams that outgrew a predicted reservation.",
+            ["model"],
+            registry=self.registry,
+        )
         self.predicted_output = Gauge(
             "kv_gateway_predicted_output_tokens",
             "Output tokens per sequence a `predicted` reservation reserves at most (the "

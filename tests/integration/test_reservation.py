@@ -49,14 +49,18 @@ async def reserved_while_streaming(http: httpx.AsyncClient, url: str, max_tokens
     return sum(e["reserved_blocks"] for e in status["engines"])
 
 
-async def predicted_metric(http: httpx.AsyncClient, url: str) -> float | None:
+async def metric(http: httpx.AsyncClient, url: str, name: str) -> float | None:
+    """The gateway's sample `name` for model tiny, None when there is none."""
     text = (await http.get(url + "/metrics")).text
     for family in text_string_to_metric_families(text):
-        if family.name == "kv_gateway_predicted_output_tokens":
-            for sample in family.samples:
-                if sample.labels == {"model": "tiny"}:
-                    return sample.value
+        for sample in family.samples:
+            if sample.name == name and sample.labels == {"model": "tiny"}:
+                return sample.value
     return None
+
+
+async def predicted_metric(http: httpx.AsyncClient, url: str) -> float | None:
+    return await metric(http, url, "kv_gateway_predicted_output_tokens")
 
 
 @pytest.mark.parametrize("mode", ["worst_case", "predicted"])
@@ -132,6 +136,8 @@ async def test_a_stream_that_outgrows_its_prediction_extends_its_lease():
         # the gateway had relayed at least 60 tokens, so at least ceil(71 / 16) blocks.
         assert seen[0] == math.ceil((10 + 8) / BLOCK)
         assert math.ceil((10 + 60 + 1) / BLOCK) <= seen[1] <= worst
+        extended = await metric(http, gw.url, "kv_gateway_extended_blocks_total")
+        assert extended == worst - seen[0]  # grown to the worst case by the end
         for _ in range(100):
             status = await gw.status()
             if all(e["reserved_blocks"] == 0 for e in status["engines"]):
