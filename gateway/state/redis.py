@@ -20,7 +20,7 @@ and admitting blind could over-commit every engine N-fold. `"fail_open_local"` i
 admits through an in-process store that sees only `local_share` of every engine and every
 tenant limit, until Redis answers again. Either way the store keeps trying Redis (after a
 short back-off) and resumes without a restart; releases and dequeues made during the outage
-are retried when it is back.
+are retried when it is back, and leases granted locally are then adopted by Redis.
 """
 
 from __future__ import annotations
@@ -147,7 +147,9 @@ class RedisStore:
             headroom=self.headroom,
             active_window_s=self.active_window_s,
         )
-        self._local_ids: set[str] = set()  # leases granted by the local store in an outage
+        # Leases granted by the local store in an outage: id -> record (as in `_held`), until
+        # Redis is back and they are adopted there.
+        self._outage: dict[str, dict[str, Any]] = {}
         # Leases this replica renews: id -> the lease's record as Redis holds it, written
         # again by the renewal if Redis lost it (see renew.lua).
         self._held: dict[str, dict[str, Any]] = {}
@@ -169,7 +171,8 @@ class RedisStore:
                 raise
             result = await self._local.try_admit(self._local_ask(ask))
             if isinstance(result, Lease):
-                self._local_ids.add(result.id)
+                # Charged to the local buckets: Redis must not refund what it never charged.
+                self._outage[result.id] = self._record(result, replace(ask.tenant, tpm=None))
             return result
         kind = _text(reply[0])
         if kind == "refused":
@@ -188,27 +191,13 @@ class RedisStore:
             tokens=ask.tokens,
             rates=_rates(ask.tenant, reply) if kind == "lease" else None,
         )
-        record = {
-            "e": lease.engine,
-            "b": lease.blocks,
-            "s": lease.seqs,
-            "t": lease.tenant,
-            "k": lease.tokens,
-            "r": self.replica_id,
-            "rpm": ask.tenant.rpm,
-            "tpm": ask.tenant.tpm,
-            "p": ask.tenant.priority,
-            "w": ask.tenant.weight,
-        }
-        # As admit.lua writes it: a limit the tenant does not have is absent, not null.
-        self._held[lease.id] = {k: v for k, v in record.items() if v is not None}
+        self._held[lease.id] = self._record(lease, ask.tenant)
         return lease
 
     async def release(self, lease: Lease, used_tokens: int | None = None) -> bool:
         """Never raises for a lost Redis: the release is retried in the background (and the
         lease, no longer renewed, expires within `lease_ttl_s` in any case)."""
-        if lease.id in self._local_ids:
-            self._local_ids.discard(lease.id)
+        if self._outage.pop(lease.id, None) is not None:
             self._notify()
             return await self._local.release(lease, used_tokens)
         held = self._held.pop(lease.id, None)
@@ -229,8 +218,10 @@ class RedisStore:
                 await self._renew(held)
 
     async def extend(self, lease: Lease, blocks: int) -> Lease:
-        if lease.id in self._local_ids:
-            return await self._local.extend(lease, blocks)
+        if lease.id in self._outage:
+            grown = await self._local.extend(lease, blocks)
+            self._outage[lease.id]["b"] = grown.blocks
+            return grown
         record = self._held.get(lease.id)
         if record is None or blocks <= 0:
             return lease
@@ -364,7 +355,7 @@ class RedisStore:
 
     async def _admit_args(self, ask: AdmissionAsk) -> list[str]:
         policy = ask.tenant
-        local = await self._local.loads() if self._local_ids else {}
+        local = await self._local.loads() if self._outage else {}
         seed = "" if self._rng is None else str(self._rng.randrange(2**31))
         args = [
             ask.lease_id,
@@ -471,12 +462,49 @@ class RedisStore:
             log.warning("redis unreachable (%s: %s); %s", type(e).__name__, e, self.on_failure)
             raise StateUnavailable(f"Shared state (Redis) is unreachable: {e}") from e
 
+    def _record(self, lease: Lease, tenant: TenantPolicy) -> dict[str, Any]:
+        """The lease as Redis holds it (admit.lua's json; a limit the tenant does not have
+        is absent, not null), for the renewal to write again if Redis lost it."""
+        record = {
+            "e": lease.engine,
+            "b": lease.blocks,
+            "s": lease.seqs,
+            "t": lease.tenant,
+            "k": lease.tokens,
+            "r": self.replica_id,
+            "rpm": tenant.rpm,
+            "tpm": tenant.tpm,
+            "p": tenant.priority,
+            "w": tenant.weight,
+        }
+        return {k: v for k, v in record.items() if v is not None}
+
+    async def _write_leases(self, records: dict[str, dict[str, Any]]) -> list[str]:
+        """The renew script: extends these leases, writes again the ones Redis does not
+        have; returns the ids it wrote."""
+        args = [repr(self.lease_ttl_s)]
+        for lease_id, record in records.items():
+            args += [lease_id, json.dumps(record, separators=(",", ":"))]
+        return [_text(raw) for raw in await self._call("renew", args)]
+
+    async def _adopt(self) -> None:
+        """Redis is back: the leases granted locally in the outage are written there, so
+        every replica counts them, and from then on are held (and released) there."""
+        records = dict(self._outage)
+        await self._write_leases(records)
+        for lease_id, record in records.items():
+            if self._outage.pop(lease_id, None) is None:
+                # Released locally while being adopted: release the adopted copy too.
+                self._pending_release.setdefault(lease_id, None)
+                continue
+            await self._local.release(Lease(lease_id, record["e"], record["b"], record["s"]))
+            self._held[lease_id] = record
+            log.info("lease %s, granted locally while Redis was away, is held in Redis", lease_id)
+        await self._catch_up()
+
     async def _renew(self, held: dict[str, dict[str, Any]]) -> None:
         """Extend `held` (id -> record); Redis writes again the ones it lost."""
-        args = [repr(self.lease_ttl_s)]
-        for lease_id, record in held.items():
-            args += [lease_id, json.dumps(record, separators=(",", ":"))]
-        restored = [_text(raw) for raw in await self._call("renew", args)]
+        restored = await self._write_leases(held)
         for lease_id in restored:
             if lease_id in self._held:
                 log.warning(
@@ -504,6 +532,8 @@ class RedisStore:
             await asyncio.sleep(self.lease_ttl_s / 3)
             try:
                 await self._catch_up()
+                if self._outage:
+                    await self._adopt()
                 if self._held:
                     await self._renew(dict(self._held))
             except StateUnavailable:
