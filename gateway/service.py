@@ -52,10 +52,12 @@ class Service:
         self.counters = counters
         self.kv_ceiling = kv_ceiling
         self.reservation = reservation
-        # Output lengths per model, learned in both modes (the metrics show what `predicted`
-        # would reserve); only `predicted` reserves by them.
-        policy = prediction or PredictionPolicy()
-        self.output_lengths = {model: OutputLengths(policy) for model in counters}
+        # Output lengths per model, and per (model, tenant): tenants of one model may answer
+        # very differently (summaries, classifications). Learned in both modes (the metrics
+        # show what `predicted` would reserve); only `predicted` reserves by them.
+        self._policy = prediction or PredictionPolicy()
+        self.output_lengths = {model: OutputLengths(self._policy) for model in counters}
+        self._tenant_lengths: dict[tuple[str, str], OutputLengths] = {}
 
     async def admit(
         self,
@@ -75,7 +77,8 @@ class Service:
             raise UpstreamUnavailable(f"no other engine serves `{inbound.model}`")
         if shape is None:
             shape = await self.shape(inbound)
-        placement = place(shape, engines, self.kv_ceiling, self.output_cap(inbound.model))
+        cap = self.output_cap(inbound.model, tenant.name)
+        placement = place(shape, engines, self.kv_ceiling, cap)
         if isinstance(placement, NeverFits):
             raise ContextOverflow(placement.message, param=placement.param)
         ask = Ask(
@@ -110,20 +113,36 @@ class Service:
             block_size=spec.block_size,
         )
 
-    def output_cap(self, model: str) -> int | None:
-        """Output tokens per sequence to reserve at most; None = the whole budget."""
+    def output_cap(self, model: str, tenant: str = DEFAULT_TENANT.name) -> int | None:
+        """Output tokens per sequence to reserve at most; None = the whole budget. The
+        tenant's own prediction once it has enough samples, else the model's."""
         if self.reservation != "predicted":
             return None
-        lengths = self.output_lengths.get(model)
-        return None if lengths is None else lengths.predicted()
+        own = self._tenant_lengths.get((model, tenant))
+        predicted = own.predicted() if own is not None else None
+        if predicted is None:
+            pooled = self.output_lengths.get(model)
+            predicted = pooled.predicted() if pooled is not None else None
+        return predicted
 
-    def observe_output(self, model: str, shape: RequestShape, completion_tokens: int) -> None:
+    def observe_output(
+        self,
+        model: str,
+        shape: RequestShape,
+        completion_tokens: int,
+        tenant: str = DEFAULT_TENANT.name,
+    ) -> None:
         """Learn from a request that completed: its output tokens per sequence (rounded up),
         as the engine counted them (the gateway's prompt count may differ from the engine's)."""
-        lengths = self.output_lengths.get(model)
+        pooled = self.output_lengths.get(model)
         seqs = shape.n * len(shape.prompt_tokens)
-        if lengths is not None and seqs > 0:
-            lengths.observe(ceil_div(completion_tokens, seqs))
+        if pooled is None or seqs <= 0:
+            return
+        per_seq = ceil_div(completion_tokens, seqs)
+        pooled.observe(per_seq)
+        # Tenants come from the config (or are the default one): a bounded set of keys.
+        own = self._tenant_lengths.setdefault((model, tenant), OutputLengths(self._policy))
+        own.observe(per_seq)
 
     def _share_blocks(self, tenant: TenantPolicy) -> int | None:
         """`kv_share` in blocks: a fraction of all engines' admissible blocks."""

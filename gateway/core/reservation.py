@@ -5,8 +5,9 @@ context leaves): the engine can never run out of blocks, so it never preempts, b
 that asks for 2,000 tokens and stops after 100 holds 20× the KV it uses.
 
 `predicted` reserves `min(budget, q)` output tokens, where `q` is the `quantile` of the
-output lengths (tokens per sequence) of the model's last `window` completed requests. Until
-`min_samples` requests have completed it reserves the worst case. A sequence that outgrows
+output lengths (tokens per sequence) of the last `window` completed requests (the service
+keeps one window per model and one per model and tenant). Until `min_samples` requests have
+completed it reserves the worst case. A sequence that outgrows
 its prediction takes blocks nobody reserved; the engine's own report of used blocks
 (`free = capacity − max(reserved, reported)`) then holds admission back, but a burst of such
 sequences can make the engine preempt: the mode trades that risk for concurrency. For a

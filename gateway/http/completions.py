@@ -104,7 +104,9 @@ class CompletionsEndpoint:
                 if call.completed and call.meter is not None and call.admitted is not None:
                     generated = call.meter.completion_tokens()
                     if generated is not None:
-                        runtime.service.observe_output(call.model, call.admitted.shape, generated)
+                        runtime.service.observe_output(
+                            call.model, call.admitted.shape, generated, call.tenant.name
+                        )
                 # Shielded: a second cancellation must not lose the release.
                 await asyncio.shield(runtime.service.release(call.lease, used))
 

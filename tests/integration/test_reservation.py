@@ -3,6 +3,7 @@ requests only, and then reserves prompt + that prediction instead of the whole b
 
 import asyncio
 import dataclasses
+import hashlib
 import math
 
 import httpx
@@ -144,3 +145,42 @@ async def test_a_stream_that_outgrows_its_prediction_extends_its_lease():
                 break
             await asyncio.sleep(0.02)
         assert all(e["reserved_blocks"] == 0 for e in status["engines"])
+
+
+async def test_each_tenant_is_predicted_from_its_own_outputs():
+    """A tenant that answers long is not reserved for by another tenant's short answers,
+    and one with too few samples of its own borrows the model's."""
+    keys = {name: f"key-{name}" for name in ("short", "long", "new")}
+    tenants = [
+        {"name": name, "api_keys": [hashlib.sha256(key.encode()).hexdigest()]}
+        for name, key in keys.items()
+    ]
+
+    def auth(name):
+        return {"authorization": f"Bearer {keys[name]}"}
+
+    async with (
+        gateway_over([ENGINE], admission=admission("predicted"), tenants=tenants) as gw,
+        httpx.AsyncClient(timeout=30) as http,
+    ):
+        for name, output in (("long", 90), ("short", 8)):  # the short ones come last
+            for _ in range(5):
+                r = await http.post(
+                    gw.url + "/v1/completions", json=body(output, stream=False), headers=auth(name)
+                )
+                assert r.status_code == 200
+
+        async def reserved(name):
+            async with http.stream(
+                "POST", gw.url + "/v1/completions", json=body(600, stream=True), headers=auth(name)
+            ) as r:
+                assert r.status_code == 200
+                async for _ in r.aiter_lines():
+                    break
+                status = await gw.status()
+            return sum(e["reserved_blocks"] for e in status["engines"])
+
+        assert await reserved("long") == math.ceil((10 + 90) / BLOCK)  # its own 90
+        assert await reserved("short") == math.ceil((10 + 8) / BLOCK)  # its own 8
+        # No samples of its own: the model's window (the last 5: all 8 tokens).
+        assert await reserved("new") == math.ceil((10 + 8) / BLOCK)
