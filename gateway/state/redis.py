@@ -290,11 +290,7 @@ class RedisStore:
             if self.on_failure == "fail_closed":
                 raise
             return await self._local.rate_limits(self._local_tenant(tenant))
-        usage = TenantUsage(
-            requests=Bucket(float(raw[0]), float(raw[1])) if raw[0] else None,
-            tokens=Bucket(float(raw[2]), float(raw[3])) if raw[2] else None,
-        )
-        return tenants.rate_limit_values(usage, rpm=tenant.rpm, tpm=tenant.tpm, now=float(raw[4]))
+        return _rate_values(tenant, *raw)
 
     async def loads(self) -> dict[str, EngineLoad]:
         return await self._read(lambda: self._inspect("loads"), self._local.loads, _loads)
@@ -591,8 +587,21 @@ def _rates(tenant: TenantPolicy, reply: Sequence[Any]) -> RateLimitState | None:
     if tenant.rpm is None and tenant.tpm is None:
         return None
     requests, tokens, now = (_text(v) for v in reply[4:7])
+    return _rate_values(tenant, requests, now, tokens, now, now)
+
+
+def _rate_values(
+    tenant: TenantPolicy,
+    requests: str,
+    requests_at: str,
+    tokens: str,
+    tokens_at: str,
+    now: str,
+) -> RateLimitState:
+    """`x-ratelimit-*` values from bucket levels and stamps as the scripts return them
+    ('' = a full bucket), at Redis time `now`."""
     usage = TenantUsage(
-        requests=Bucket(float(requests), float(now)) if requests else None,
-        tokens=Bucket(float(tokens), float(now)) if tokens else None,
+        requests=Bucket(float(requests), float(requests_at)) if requests else None,
+        tokens=Bucket(float(tokens), float(tokens_at)) if tokens else None,
     )
     return tenants.rate_limit_values(usage, rpm=tenant.rpm, tpm=tenant.tpm, now=float(now))
