@@ -1,11 +1,11 @@
 """Forwarding to an engine: one pooled aiohttp session for the data plane, one httpx client
 for the control plane.
 
-The completions clients send (the data plane: many requests, bytes passed through) go
-through aiohttp, whose client costs a fraction of httpx's CPU per request (measured in
-docs/benchmarks.md: the upstream client was half of the gateway's CPU). Discovery, health and
-metrics scrapes and the `engine` token counter (the control plane: few requests, JSON in and
-out) use `Upstream.client`, an `httpx.AsyncClient`.
+The completions clients send and the `engine` token counter's `/tokenize` calls (the data
+plane: one or two calls per request) go through aiohttp, whose client costs a fraction of
+httpx's CPU per request (measured in docs/benchmarks.md: the upstream client was half of the
+gateway's CPU). Discovery and the health and metrics scrapes (the control plane: a few calls
+per second) use `Upstream.client`, an `httpx.AsyncClient`.
 
 Bytes pass through unchanged in both directions. Low-level failures are mapped here, at the
 boundary, to the gateway's error tree: unreachable or broken off → 502, too slow → 504.
@@ -75,8 +75,7 @@ class UpstreamResponse:
 class Upstream:
     def __init__(self, cfg: UpstreamConfig):
         self.cfg = cfg
-        # The control plane's client (discovery, monitor, the `engine` token counter's
-        # `/tokenize` calls).
+        # The control plane's client (discovery, the monitor's scrapes).
         self.client = httpx.AsyncClient(
             timeout=httpx.Timeout(
                 connect=cfg.connect_timeout_s, read=None, write=cfg.connect_timeout_s, pool=None
@@ -91,6 +90,10 @@ class Upstream:
         # The read timeout is per socket read: for a stream, the longest silence between two
         # chunks; for a whole answer, the wait for it. One timer per read, none of our own.
         self._read_s = {True: cfg.idle_timeout_s, False: cfg.first_byte_timeout_s}
+        # A /tokenize call: connect as any call, and until the engine answers.
+        self.tokenize_timeout = aiohttp.ClientTimeout(
+            total=None, sock_connect=cfg.connect_timeout_s, sock_read=cfg.first_byte_timeout_s
+        )
         self._timeouts = {
             streaming: aiohttp.ClientTimeout(
                 total=None,
@@ -101,7 +104,10 @@ class Upstream:
             for streaming, read_s in self._read_s.items()
         }
 
-    def _data_session(self) -> aiohttp.ClientSession:
+    def session(self) -> aiohttp.ClientSession:
+        """The data plane's session (made on first use, inside the event loop): completions,
+        and the `engine` token counter's `/tokenize` calls, which are on every request's
+        path too."""
         if self._session is None:
             self._session = aiohttp.ClientSession(
                 connector=aiohttp.TCPConnector(
@@ -125,7 +131,7 @@ class Upstream:
         """Send the request and return once the engine's status and headers arrived."""
         read_s = self._read_s[streaming]
         try:
-            response = await self._data_session().post(
+            response = await self.session().post(
                 base_url + path, data=body, headers=headers, timeout=self._timeouts[streaming]
             )
         except TimeoutError as e:

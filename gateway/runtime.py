@@ -109,7 +109,11 @@ async def build_runtime(cfg: GatewayConfig) -> Runtime:
             return [e.spec.url for e in pool.serving(model) if e.healthy]
 
         counters[model] = make_counter(
-            spec, model=model, tokenize_urls=urls, client=upstream.client
+            spec,
+            model=model,
+            tokenize_urls=urls,
+            client=upstream.session(),
+            timeout=upstream.tokenize_timeout,
         )
         log.info("model %s: token counter %s", model, spec)
     unserved = [m.name for m in cfg.models if m.name not in counters]

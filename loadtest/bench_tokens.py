@@ -27,7 +27,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-import httpx
+import aiohttp
 
 from gateway.tokens import HfTokenizer, TokenCounter, bundled_tokenizer_path, make_counter
 
@@ -140,19 +140,19 @@ def free_port() -> int:
         return port
 
 
-async def wait_ready(client: httpx.AsyncClient, url: str) -> None:
+async def wait_ready(client: aiohttp.ClientSession, url: str) -> None:
     for _ in range(200):
         try:
-            await client.post(url + "/tokenize", json={"model": MODEL, "prompt": "x"})
-            return
-        except httpx.TransportError:
+            async with client.post(url + "/tokenize", json={"model": MODEL, "prompt": "x"}):
+                return
+        except aiohttp.ClientError:
             await asyncio.sleep(0.05)
     raise SystemExit(f"tokenize server at {url} did not start")
 
 
 async def run(seconds: float, engine_url: str | None) -> None:
     exact = make_counter("hf:@tiny", model=MODEL)
-    async with httpx.AsyncClient(timeout=30.0) as client:
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30.0)) as client:
         specs = SPECS
         if engine_url is None:
             specs = [s for s in SPECS if s != "engine"]

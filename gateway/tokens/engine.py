@@ -7,10 +7,11 @@ same defaults as its completion endpoints (special tokens added for prompts, not
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from typing import Any
 
-import httpx
+import aiohttp
 
 from gateway.tokens.errors import EngineTokenizeError
 
@@ -21,6 +22,9 @@ class EngineCounter:
     safe). An engine's 4xx answer is final: it is about the request, not the engine.
     Raises :class:`EngineTokenizeError` (with ``status`` and ``attempts``) when no engine
     gives a count.
+
+    ``client`` is an aiohttp session (the gateway's data-plane session: a count is on every
+    request's path); ``timeout`` applies to each ``/tokenize`` call.
     """
 
     name = "engine"
@@ -30,11 +34,13 @@ class EngineCounter:
         *,
         model: str,
         urls: Callable[[], list[str]],
-        client: httpx.AsyncClient,
+        client: aiohttp.ClientSession,
+        timeout: aiohttp.ClientTimeout | None = None,
     ) -> None:
         self.model = model
         self._urls = urls
         self._client = client
+        self._timeout = timeout
 
     def __repr__(self) -> str:
         return f"EngineCounter(model={self.model!r})"
@@ -54,17 +60,23 @@ class EngineCounter:
 
     async def _tokenize(self, body: dict[str, Any]) -> int:
         attempts: list[str] = []
+        data = json.dumps(body).encode()
+        headers = {"content-type": "application/json"}
         for base in self._urls():
             url = base.rstrip("/") + "/tokenize"
+            kwargs: dict[str, Any] = {"data": data, "headers": headers}
+            if self._timeout is not None:
+                kwargs["timeout"] = self._timeout
             try:
-                response = await self._client.post(url, json=body)
-            except httpx.TransportError as exc:
+                async with self._client.post(url, **kwargs) as response:
+                    status, text = response.status, await response.text(errors="replace")
+            except (aiohttp.ClientError, TimeoutError) as exc:
                 attempts.append(f"{url}: {type(exc).__name__}: {exc}")
                 continue
-            if response.status_code >= 500:
-                attempts.append(f"{url}: HTTP {response.status_code}")
+            if status >= 500:
+                attempts.append(f"{url}: HTTP {status}")
                 continue
-            return _count_from(response, url)
+            return _count_from(status, text, url)
         tried = "; ".join(attempts) if attempts else "no engine URL was given"
         raise EngineTokenizeError(
             f"no engine could count tokens for model {self.model!r} ({tried})",
@@ -72,23 +84,22 @@ class EngineCounter:
         )
 
 
-def _count_from(response: httpx.Response, url: str) -> int:
+def _count_from(status: int, text: str, url: str) -> int:
     try:
-        data = response.json()
+        data = json.loads(text)
     except ValueError:
         data = None
-    if response.status_code != 200:
+    if status != 200:
         raise EngineTokenizeError(
-            f"{url} answered HTTP {response.status_code}: {_error_message(data, response)}",
-            status=response.status_code,
+            f"{url} answered HTTP {status}: {_error_message(data, text)}", status=status
         )
     count = data.get("count") if isinstance(data, dict) else None
     if not isinstance(count, int) or isinstance(count, bool) or count < 0:
-        raise EngineTokenizeError(f"{url} answered without a valid 'count': {response.text[:200]}")
+        raise EngineTokenizeError(f"{url} answered without a valid 'count': {text[:200]}")
     return count
 
 
-def _error_message(data: object, response: httpx.Response) -> str:
+def _error_message(data: object, text: str) -> str:
     # vLLM: {"error": {"message": ...}}; before mid-2025: {"object": "error", "message": ...}.
     if isinstance(data, dict):
         error = data.get("error")
@@ -96,4 +107,4 @@ def _error_message(data: object, response: httpx.Response) -> str:
             return str(error["message"])
         if isinstance(data.get("message"), str):
             return str(data["message"])
-    return response.text[:200]
+    return text[:200]

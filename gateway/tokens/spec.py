@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-import httpx
+import aiohttp
 
 from gateway.tokens.engine import EngineCounter
 from gateway.tokens.errors import TokenizerLoadError
@@ -35,15 +35,16 @@ def make_counter(
     *,
     model: str,
     tokenize_urls: Callable[[], list[str]] | None = None,
-    client: httpx.AsyncClient | None = None,
+    client: aiohttp.ClientSession | None = None,
+    timeout: aiohttp.ClientTimeout | None = None,
 ) -> TokenCounter:
     """Build the counter named by ``spec`` for ``model``.
 
     Loads tokenizers and encodings now (from local files only), so a bad spec fails at
     start-up: raises ``ValueError`` naming the spec and the reason. ``engine`` needs both
     ``tokenize_urls`` (called on every count; it returns the base URLs of the engines serving
-    ``model``, best first) and ``client`` (owned and closed by the caller; its timeout
-    applies to each ``/tokenize`` call).
+    ``model``, best first) and ``client``, an aiohttp session owned and closed by the caller;
+    ``timeout``, if given, applies to each ``/tokenize`` call.
     """
     kind, sep, arg = spec.partition(":")
     try:
@@ -52,7 +53,7 @@ def make_counter(
         if kind == "tiktoken" and sep and arg:
             return TiktokenCounter(load_encoding(arg), name=f"tiktoken:{canonical_name(arg)}")
         if spec == "engine":
-            return _engine(spec, model, tokenize_urls, client)
+            return _engine(spec, model, tokenize_urls, client, timeout)
         if kind == "estimate" and (not sep or arg):
             return _estimate(spec, arg)
     except TokenizerLoadError as exc:
@@ -71,14 +72,15 @@ def _engine(
     spec: str,
     model: str,
     tokenize_urls: Callable[[], list[str]] | None,
-    client: httpx.AsyncClient | None,
+    client: aiohttp.ClientSession | None,
+    timeout: aiohttp.ClientTimeout | None,
 ) -> EngineCounter:
     if tokenize_urls is None or client is None:
         raise ValueError(
             f"token counter {spec!r} for model {model!r} needs tokenize_urls and an "
-            "httpx.AsyncClient"
+            "aiohttp.ClientSession"
         )
-    return EngineCounter(model=model, urls=tokenize_urls, client=client)
+    return EngineCounter(model=model, urls=tokenize_urls, client=client, timeout=timeout)
 
 
 def _estimate(spec: str, arg: str) -> EstimateCounter:

@@ -8,12 +8,12 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
-import httpx
+import aiohttp
 import pytest
 import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from gateway.tokens import HfTokenizer, bundled_tokenizer_path
@@ -34,6 +34,7 @@ class TokenizeServer:
     url: str = ""
     hits: int = 0
     fail_with: int | None = None
+    answer: tuple[int, str] | None = None  # (status, body) to answer everything with
     bodies: list[dict[str, Any]] = field(default_factory=list)
 
 
@@ -42,8 +43,11 @@ def _tokenize_app(tok: HfTokenizer, state: TokenizeServer) -> Starlette:
         body = {"error": {"message": message, "type": kind, "param": None, "code": status}}
         return JSONResponse(body, status_code=status)
 
-    async def tokenize(request: Request) -> JSONResponse:
+    async def tokenize(request: Request) -> Response:
         state.hits += 1
+        if state.answer is not None:  # a misbehaving engine
+            status, text = state.answer
+            return Response(text, status_code=status, media_type="application/json")
         if state.fail_with is not None:
             return error(state.fail_with, "InternalServerError", "engine is dead")
         body = await request.json()
@@ -106,6 +110,6 @@ def closed_url() -> str:
 
 
 @pytest.fixture
-async def client() -> AsyncIterator[httpx.AsyncClient]:
-    async with httpx.AsyncClient(timeout=5.0) as c:
+async def client() -> AsyncIterator[aiohttp.ClientSession]:
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5.0)) as c:
         yield c

@@ -6,7 +6,7 @@ import threading
 from collections.abc import AsyncIterator
 from typing import Any
 
-import httpx
+import aiohttp
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -33,7 +33,7 @@ CHAT: list[dict[str, Any]] = [
 
 @pytest.fixture(params=SPECS)
 async def counter(
-    request: pytest.FixtureRequest, engine_a: TokenizeServer, client: httpx.AsyncClient
+    request: pytest.FixtureRequest, engine_a: TokenizeServer, client: aiohttp.ClientSession
 ) -> AsyncIterator[TokenCounter]:
     spec: str = request.param
     yield make_counter(spec, model=MODEL, tokenize_urls=lambda: [engine_a.url], client=client)

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
-import httpx
+import aiohttp
 import pytest
 
 from gateway.tokens import EngineTokenizeError, HfTokenizer, make_counter
@@ -17,7 +18,7 @@ CHAT: list[dict[str, Any]] = [
 
 
 async def test_counts_equal_the_engine_tokenizer(
-    engine_a: TokenizeServer, client: httpx.AsyncClient, tiny: HfTokenizer
+    engine_a: TokenizeServer, client: aiohttp.ClientSession, tiny: HfTokenizer
 ) -> None:
     counter = make_counter(
         "engine", model=MODEL, tokenize_urls=lambda: [engine_a.url], client=client
@@ -37,7 +38,7 @@ async def test_counts_equal_the_engine_tokenizer(
 
 
 async def test_next_url_after_connection_refused(
-    engine_a: TokenizeServer, closed_url: str, client: httpx.AsyncClient
+    engine_a: TokenizeServer, closed_url: str, client: aiohttp.ClientSession
 ) -> None:
     counter = make_counter(
         "engine", model=MODEL, tokenize_urls=lambda: [closed_url, engine_a.url], client=client
@@ -47,7 +48,7 @@ async def test_next_url_after_connection_refused(
 
 
 async def test_next_url_after_5xx(
-    engine_a: TokenizeServer, engine_b: TokenizeServer, client: httpx.AsyncClient
+    engine_a: TokenizeServer, engine_b: TokenizeServer, client: aiohttp.ClientSession
 ) -> None:
     engine_a.fail_with = 500
     counter = make_counter(
@@ -58,7 +59,7 @@ async def test_next_url_after_5xx(
 
 
 async def test_4xx_is_final_and_carries_the_engine_message(
-    engine_a: TokenizeServer, engine_b: TokenizeServer, client: httpx.AsyncClient
+    engine_a: TokenizeServer, engine_b: TokenizeServer, client: aiohttp.ClientSession
 ) -> None:
     counter = make_counter(
         "engine", model="other", tokenize_urls=lambda: [engine_a.url, engine_b.url], client=client
@@ -69,24 +70,26 @@ async def test_4xx_is_final_and_carries_the_engine_message(
     assert engine_b.hits == 0
 
 
-async def test_all_urls_down_is_a_clear_error(closed_url: str, client: httpx.AsyncClient) -> None:
+async def test_all_urls_down_is_a_clear_error(
+    closed_url: str, client: aiohttp.ClientSession
+) -> None:
     counter = make_counter(
         "engine", model=MODEL, tokenize_urls=lambda: [closed_url, closed_url + "/"], client=client
     )
     with pytest.raises(EngineTokenizeError, match="no engine could count tokens") as info:
         await counter.count_chat(CHAT)
     assert len(info.value.attempts) == 2
-    assert all("ConnectError" in a for a in info.value.attempts)
+    assert all("ClientConnectorError" in a for a in info.value.attempts)  # refused
 
 
-async def test_no_urls_is_a_clear_error(client: httpx.AsyncClient) -> None:
+async def test_no_urls_is_a_clear_error(client: aiohttp.ClientSession) -> None:
     counter = make_counter("engine", model=MODEL, tokenize_urls=lambda: [], client=client)
     with pytest.raises(EngineTokenizeError, match="no engine URL"):
         await counter.count_prompt("abc")
 
 
 async def test_urls_are_asked_on_every_count(
-    engine_a: TokenizeServer, engine_b: TokenizeServer, client: httpx.AsyncClient
+    engine_a: TokenizeServer, engine_b: TokenizeServer, client: aiohttp.ClientSession
 ) -> None:
     order = [[engine_a.url], [engine_b.url]]
     counter = make_counter("engine", model=MODEL, tokenize_urls=lambda: order.pop(0), client=client)
@@ -98,25 +101,50 @@ async def test_urls_are_asked_on_every_count(
 @pytest.mark.parametrize(
     "answer",
     [
-        httpx.Response(200, json={"tokens": [1, 2]}),
-        httpx.Response(200, json={"count": -1}),
-        httpx.Response(200, json={"count": True}),
-        httpx.Response(200, text="not json"),
+        (200, '{"tokens": [1, 2]}'),
+        (200, '{"count": -1}'),
+        (200, '{"count": true}'),
+        (200, "not json"),
     ],
 )
-async def test_an_answer_without_a_valid_count_is_an_error(answer: httpx.Response) -> None:
-    # A misbehaving engine: httpx's transport seam stands in for it.
-    transport = httpx.MockTransport(lambda request: answer)
-    async with httpx.AsyncClient(transport=transport) as c:
-        counter = make_counter("engine", model=MODEL, tokenize_urls=lambda: ["http://e"], client=c)
-        with pytest.raises(EngineTokenizeError, match="valid 'count'"):
-            await counter.count_prompt("abc")
+async def test_an_answer_without_a_valid_count_is_an_error(
+    engine_a: TokenizeServer, client: aiohttp.ClientSession, answer: tuple[int, str]
+) -> None:
+    engine_a.answer = answer  # a misbehaving engine, over a real socket
+    counter = make_counter(
+        "engine", model=MODEL, tokenize_urls=lambda: [engine_a.url], client=client
+    )
+    with pytest.raises(EngineTokenizeError, match="valid 'count'"):
+        await counter.count_prompt("abc")
 
 
-async def test_flat_legacy_error_body_is_read() -> None:
+async def test_flat_legacy_error_body_is_read(
+    engine_a: TokenizeServer, client: aiohttp.ClientSession
+) -> None:
     legacy = {"object": "error", "message": "bad prompt", "type": "BadRequestError", "code": 400}
-    transport = httpx.MockTransport(lambda request: httpx.Response(400, json=legacy))
-    async with httpx.AsyncClient(transport=transport) as c:
-        counter = make_counter("engine", model=MODEL, tokenize_urls=lambda: ["http://e"], client=c)
-        with pytest.raises(EngineTokenizeError, match="HTTP 400: bad prompt"):
-            await counter.count_prompt("abc")
+    engine_a.answer = (400, json.dumps(legacy))
+    counter = make_counter(
+        "engine", model=MODEL, tokenize_urls=lambda: [engine_a.url], client=client
+    )
+    with pytest.raises(EngineTokenizeError, match="HTTP 400: bad prompt"):
+        await counter.count_prompt("abc")
+
+
+async def test_a_silent_engine_times_out_and_the_next_is_asked(
+    engine_b: TokenizeServer, client: aiohttp.ClientSession
+) -> None:
+    import socket
+
+    with socket.socket() as silent:  # accepts connections, never answers
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        url = f"http://127.0.0.1:{silent.getsockname()[1]}"
+        counter = make_counter(
+            "engine",
+            model=MODEL,
+            tokenize_urls=lambda: [url, engine_b.url],
+            client=client,
+            timeout=aiohttp.ClientTimeout(total=None, sock_connect=1.0, sock_read=0.3),
+        )
+        assert await counter.count_prompt("abc") > 0
+    assert engine_b.hits == 1

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import httpx
+import aiohttp
 import pytest
 
 from gateway.tokens import (
@@ -36,7 +36,7 @@ def test_good_specs(spec: str, kind: type, name: str) -> None:
 
 
 async def test_engine_spec_builds_with_urls_and_client() -> None:
-    async with httpx.AsyncClient() as client:
+    async with aiohttp.ClientSession() as client:
         counter = make_counter("engine", model="m", tokenize_urls=list, client=client)
         assert isinstance(counter, EngineCounter)
 
