@@ -13,7 +13,7 @@ import contextlib
 import logging
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import aiohttp
 from starlette.types import Receive, Scope, Send
@@ -166,13 +166,21 @@ class CompletionsEndpoint:
         assert meter is not None
         # A predicted reservation may be outgrown: a stream's lease follows its tokens.
         follow = call.streaming and call.runtime.service.reservation == "predicted"
+        ok = response.status_code == 200
+        metrics = call.runtime.metrics
+        first = True
         async for chunk in response.chunks():
             meter.feed(chunk)
             if follow:
                 await _top_up(call, meter.streamed_tokens)
             await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            if first and ok:
+                metrics.first_byte.labels(call.model).observe(time.monotonic() - call.arrived)
+                first = False
         await send({"type": "http.response.body", "body": b"", "more_body": False})
-        call.completed = response.status_code == 200
+        call.completed = ok
+        if ok:
+            metrics.duration.labels(call.model).observe(time.monotonic() - call.arrived)
 
 
 @dataclass
@@ -181,6 +189,7 @@ class _Call:
 
     runtime: Runtime
     request_id: str
+    arrived: float = field(default_factory=time.monotonic)
     tenant: TenantPolicy = DEFAULT_TENANT
     model: str = ""
     streaming: bool = False

@@ -32,6 +32,21 @@ class GatewayMetrics:
             buckets=WAIT_BUCKETS,
             registry=self.registry,
         )
+        self.first_byte = Histogram(
+            "kv_gateway_first_byte_seconds",
+            "Time from arrival to the first byte of the engine's answer sent to the client "
+            "(queueing, admission and the engine's time to first token; 200 answers).",
+            ["model"],
+            buckets=WAIT_BUCKETS,
+            registry=self.registry,
+        )
+        self.duration = Histogram(
+            "kv_gateway_request_duration_seconds",
+            "Time from arrival to the end of the answer, requests answered 200 in full.",
+            ["model"],
+            buckets=WAIT_BUCKETS,
+            registry=self.registry,
+        )
         self.queue_length = Gauge(
             "kv_gateway_queue_length", "Requests waiting for capacity.", registry=self.registry
         )

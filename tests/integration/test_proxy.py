@@ -173,3 +173,12 @@ async def test_gateway_metrics_count_outcomes_and_state():
     assert samples[("kv_gateway_reserved_blocks", (("engine", "e0"),))] == 0
     assert samples[("kv_gateway_engine_healthy", (("engine", "e0"),))] == 1
     assert samples[("kv_gateway_admission_wait_seconds_count", (("model", "tiny"),))] == 1
+    tiny = (("model", "tiny"),)
+    assert samples[("kv_gateway_first_byte_seconds_count", tiny)] == 1
+    assert samples[("kv_gateway_request_duration_seconds_count", tiny)] == 1
+    first, whole = (
+        samples[("kv_gateway_first_byte_seconds_sum", tiny)],
+        samples[("kv_gateway_request_duration_seconds_sum", tiny)],
+    )
+    assert 0 < first <= whole < 30
+    assert ("kv_gateway_first_byte_seconds_count", (("model", "nope"),)) not in samples
