@@ -42,6 +42,16 @@ class Runtime:
     monitor: EngineMonitor
     metrics: GatewayMetrics = field(default_factory=GatewayMetrics)
 
+    def reload_tenants(self, new: GatewayConfig) -> list[str]:
+        """Take `new`'s tenants (keys and limits) for the requests that arrive from now on;
+        requests already admitted keep what they were admitted under. Returns the other
+        top-level sections that differ from the running configuration: they need a
+        restart and are left as they are."""
+        self.auth = Authenticator(new.tenants)
+        self.cfg = self.cfg.model_copy(update={"tenants": new.tenants})
+        running, wanted = self.cfg.model_dump(), new.model_dump()
+        return sorted(k for k in wanted if k != "tenants" and wanted[k] != running.get(k))
+
     async def aclose(self) -> None:
         await self.monitor.stop()
         await self.store.close()

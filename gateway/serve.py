@@ -14,7 +14,7 @@ from gateway.config import ConfigError, GatewayConfig, load_config
 from gateway.engines.discovery import DiscoveryError
 from gateway.http.app import create_app
 from gateway.http.embedded import EmbeddedServer
-from gateway.runtime import build_runtime
+from gateway.runtime import Runtime, build_runtime
 
 log = logging.getLogger("gateway")
 
@@ -43,9 +43,15 @@ def configure_logging(level: str) -> None:
 
 
 async def serve(
-    cfg: GatewayConfig, host: str, port: int, log_level: str, drain_s: float = 30.0
+    cfg: GatewayConfig,
+    host: str,
+    port: int,
+    log_level: str,
+    drain_s: float = 30.0,
+    config_path: str | None = None,
 ) -> None:
-    """Discover the engines, then serve until SIGINT/SIGTERM (uvicorn drains in-flight requests)."""
+    """Discover the engines, then serve until SIGINT/SIGTERM (uvicorn drains in-flight
+    requests). SIGHUP reads `config_path` again and applies its `tenants:`."""
     runtime = await build_runtime(cfg)
     app = create_app(cfg, runtime)
     server = EmbeddedServer(
@@ -61,8 +67,24 @@ async def serve(
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, _stop, server)
+    if config_path is not None:
+        loop.add_signal_handler(signal.SIGHUP, _reload, config_path, runtime)
     log.info("kv-gateway listening on http://%s:%d", host, port)
     await server.serve()
+
+
+def _reload(config_path: str, runtime: Runtime) -> None:
+    """SIGHUP: the tenants (API keys and limits) from the config file, without a restart.
+    A file that does not validate changes nothing."""
+    try:
+        new = load_config(config_path)
+    except ConfigError as e:
+        log.error("reload of %s refused, nothing changed: %s", config_path, e)
+        return
+    others = runtime.reload_tenants(new)
+    log.warning("reloaded tenants from %s: %d tenant(s)", config_path, len(new.tenants))
+    if others:
+        log.warning("changed sections need a restart and were not applied: %s", others)
 
 
 def _stop(server: uvicorn.Server) -> None:
@@ -76,7 +98,7 @@ def run(args: argparse.Namespace) -> int:
     configure_logging(args.log_level)
     try:
         cfg = load_config(args.config)
-        asyncio.run(serve(cfg, args.host, args.port, args.log_level, args.drain_s))
+        asyncio.run(serve(cfg, args.host, args.port, args.log_level, args.drain_s, args.config))
     except ConfigError as e:
         print(f"kv-gateway: {e}", file=sys.stderr)
         return 2
