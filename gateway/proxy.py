@@ -1,4 +1,4 @@
-"""Forwarding to an engine: one pooled aiohttp session for the data plane, one httpx client
+"""Forwarding to an engine: pooled aiohttp sessions for the data plane, one httpx client
 for the control plane.
 
 The completions clients send and the `engine` token counter's `/tokenize` calls (the data
@@ -86,7 +86,11 @@ class Upstream:
                 keepalive_expiry=KEEPALIVE_S,
             ),
         )
-        self._session: aiohttp.ClientSession | None = None  # made on first use, in the loop
+        # Made on first use, inside the event loop: one for completions, one for /tokenize,
+        # each with its own pool, so that a pool full of long streams never holds back the
+        # token counts of the requests waiting to be admitted.
+        self._session: aiohttp.ClientSession | None = None
+        self._tokenize_session: aiohttp.ClientSession | None = None
         # The read timeout is per socket read: for a stream, the longest silence between two
         # chunks; for a whole answer, the wait for it. One timer per read, none of our own.
         self._read_s = {True: cfg.idle_timeout_s, False: cfg.first_byte_timeout_s}
@@ -105,24 +109,33 @@ class Upstream:
         }
 
     def session(self) -> aiohttp.ClientSession:
-        """The data plane's session (made on first use, inside the event loop): completions,
-        and the `engine` token counter's `/tokenize` calls, which are on every request's
-        path too."""
+        """The completions' session."""
         if self._session is None:
-            self._session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(
-                    limit=self.cfg.max_connections, keepalive_timeout=KEEPALIVE_S
-                ),
-                # The engine's bytes go to the client as they are; cookies mean nothing here.
-                auto_decompress=False,
-                cookie_jar=aiohttp.DummyCookieJar(),
-                skip_auto_headers=("User-Agent",),
-            )
+            self._session = self._new_session()
         return self._session
 
+    def tokenize_session(self) -> aiohttp.ClientSession:
+        """The `engine` token counter's session (its `/tokenize` calls are on every request's
+        path too, before admission)."""
+        if self._tokenize_session is None:
+            self._tokenize_session = self._new_session()
+        return self._tokenize_session
+
+    def _new_session(self) -> aiohttp.ClientSession:
+        return aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(
+                limit=self.cfg.max_connections, keepalive_timeout=KEEPALIVE_S
+            ),
+            # The engine's bytes go to the client as they are; cookies mean nothing here.
+            auto_decompress=False,
+            cookie_jar=aiohttp.DummyCookieJar(),
+            skip_auto_headers=("User-Agent",),
+        )
+
     async def aclose(self) -> None:
-        if self._session is not None:
-            await self._session.close()
+        for session in (self._session, self._tokenize_session):
+            if session is not None:
+                await session.close()
         await self.client.aclose()
 
     async def open(

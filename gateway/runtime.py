@@ -122,7 +122,7 @@ async def build_runtime(cfg: GatewayConfig) -> Runtime:
             spec,
             model=model,
             tokenize_urls=urls,
-            client=upstream.session(),
+            client=upstream.tokenize_session(),
             timeout=upstream.tokenize_timeout,
         )
         log.info("model %s: token counter %s", model, spec)

@@ -1,5 +1,8 @@
 """Normal traffic through the gateway reaches the engine and comes back unchanged."""
 
+import asyncio
+import dataclasses
+
 import httpx
 import openai
 import pytest
@@ -182,3 +185,32 @@ async def test_gateway_metrics_count_outcomes_and_state():
     )
     assert 0 < first <= whole < 30
     assert ("kv_gateway_first_byte_seconds_count", (("model", "nope"),)) not in samples
+
+
+async def test_streams_filling_the_upstream_pool_do_not_hold_back_token_counts():
+    """With the `engine` counter, a request's /tokenize call has a pool of its own: while
+    the completions' pool (here one connection) is taken by a stream, the next request is
+    still counted and admitted, and only then waits for a connection."""
+    slow = dataclasses.replace(FAST, decode_ms_base=10.0)
+    async with (
+        gateway_over(
+            [slow],
+            models=[{"name": "tiny", "tokenizer": "engine"}],
+            upstream={"max_connections": 1},
+        ) as gw,
+        httpx.AsyncClient(timeout=30) as http,
+    ):
+        body = {"model": "tiny", "prompt": "a", "max_tokens": 150, "ignore_eos": True}
+        async with http.stream("POST", gw.url + "/v1/completions", json=body | {"stream": True}):
+            second = asyncio.create_task(
+                http.post(gw.url + "/v1/completions", json=body | {"max_tokens": 2})
+            )
+            seqs = 0
+            for _ in range(100):
+                seqs = sum(e["reserved_seqs"] for e in (await gw.status())["engines"])
+                if seqs == 2:
+                    break
+                await asyncio.sleep(0.01)
+            assert seqs == 2  # counted and admitted while the stream holds the only connection
+        r = await second
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 2
