@@ -45,23 +45,33 @@ def place(
             reasons.append(NeverFits(overflow, param="max_tokens"))
             continue
         need = footprint(shape, spec.block_size, spec.max_model_len)
-        capacity = spec.capacity_blocks(kv_ceiling)
+        # vLLM runs a request on one data-parallel rank: it must fit one rank's pool.
+        capacity = spec.rank_capacity_blocks(kv_ceiling)
         if need.blocks > capacity:
+            usable = spec.usable_blocks // spec.dp_size
+            where = (
+                f"its {usable} usable blocks"
+                if spec.dp_size == 1
+                else (
+                    f"the {usable} usable blocks of one of its {spec.dp_size} data-parallel ranks"
+                )
+            )
             reasons.append(
                 NeverFits(
                     f"This request needs {need.blocks} KV blocks ({need.tokens} tokens at "
                     f"block size {spec.block_size}: prompt plus max output, over {need.seqs} "
                     f"sequence(s)), but engine {spec.name!r} admits at most {capacity} blocks "
-                    f"({kv_ceiling:g} of its {spec.usable_blocks} usable blocks). Reduce the "
-                    f"prompt, max_tokens or n."
+                    f"({kv_ceiling:g} of {where}). Reduce the prompt, max_tokens or n."
                 )
             )
             continue
-        if need.seqs > spec.max_num_seqs:
+        if need.seqs > spec.rank_max_num_seqs:
+            per_rank = "" if spec.dp_size == 1 else " per data-parallel rank"
             reasons.append(
                 NeverFits(
                     f"This request runs {need.seqs} sequences (n × prompts), but engine "
-                    f"{spec.name!r} runs at most max_num_seqs={spec.max_num_seqs}.",
+                    f"{spec.name!r} runs at most max_num_seqs={spec.rank_max_num_seqs}"
+                    f"{per_rank}.",
                     param="n",
                 )
             )

@@ -93,3 +93,26 @@ def test_placement_only_lists_engines_where_it_fits_when_empty(engines, shape, c
             assert Router().pick(
                 [Candidate(EngineView(e, EngineLoad()), need)], ceiling, random.Random(0)
             )
+
+
+def test_a_request_must_fit_one_data_parallel_rank():
+    """vLLM runs a request on one DP rank: 2 ranks of 50 blocks (49 usable each) hold a
+    60-block request nowhere, though the engine has 98 usable blocks in all."""
+    dp = EngineSpec("dp", "http://x", frozenset({"m"}), 100, 16, 8, 4096, dp_size=2)
+    assert dp.capacity_blocks(1.0) == 98 and dp.rank_capacity_blocks(1.0) == 49
+    too_big = place(RequestShape((16,), 944, 1), [dp], 1.0)  # 60 blocks
+    assert isinstance(too_big, NeverFits)
+    assert "at most 49 blocks" in too_big.message and "2 data-parallel ranks" in too_big.message
+    fits = place(RequestShape((16,), 768, 1), [dp], 1.0)  # 49 blocks
+    assert isinstance(fits, Placement) and fits.needs["dp"].blocks == 49
+    # Sequences too: max_num_seqs is the engine's total over its ranks (8 = 4 per rank).
+    many = place(RequestShape((16,), 16, 5), [dp], 1.0)
+    assert isinstance(many, NeverFits) and "max_num_seqs=4 per data-parallel rank" in many.message
+    assert isinstance(place(RequestShape((16,), 16, 4), [dp], 1.0), Placement)
+
+
+@given(engines_st, st.floats(0.1, 1.0))
+def test_without_data_parallelism_a_rank_is_the_engine(engines, ceiling):
+    for e in engines:
+        assert e.rank_capacity_blocks(ceiling) == e.capacity_blocks(ceiling)
+        assert e.rank_max_num_seqs == e.max_num_seqs
