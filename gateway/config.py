@@ -146,6 +146,9 @@ class UpstreamConfig(_Strict):
     first_byte_timeout_s: float = Field(default=600.0, gt=0)
     # Longest silence between two chunks of a streaming answer.
     idle_timeout_s: float = Field(default=120.0, gt=0)
+    # Until an engine answers a /tokenize call (the `engine` token counter); then the next
+    # engine serving the model is asked.
+    tokenize_timeout_s: float = Field(default=30.0, gt=0)
     max_connections: int = Field(default=1000, gt=0)
     # Largest request body accepted, in bytes.
     max_body_bytes: int = Field(default=16 * 1024 * 1024, gt=0)

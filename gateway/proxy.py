@@ -94,9 +94,10 @@ class Upstream:
         # The read timeout is per socket read: for a stream, the longest silence between two
         # chunks; for a whole answer, the wait for it. One timer per read, none of our own.
         self._read_s = {True: cfg.idle_timeout_s, False: cfg.first_byte_timeout_s}
-        # A /tokenize call: connect as any call, and until the engine answers.
+        # A /tokenize call: connect as any call; an engine slower than this to count is
+        # passed over for the next one.
         self.tokenize_timeout = aiohttp.ClientTimeout(
-            total=None, sock_connect=cfg.connect_timeout_s, sock_read=cfg.first_byte_timeout_s
+            total=None, sock_connect=cfg.connect_timeout_s, sock_read=cfg.tokenize_timeout_s
         )
         self._timeouts = {
             streaming: aiohttp.ClientTimeout(
@@ -118,16 +119,19 @@ class Upstream:
         """The `engine` token counter's session (its `/tokenize` calls are on every request's
         path too, before admission)."""
         if self._tokenize_session is None:
-            self._tokenize_session = self._new_session()
+            # JSON read here, not relayed: a compressed answer (a proxy in front of the
+            # engine) is decompressed.
+            self._tokenize_session = self._new_session(auto_decompress=True)
         return self._tokenize_session
 
-    def _new_session(self) -> aiohttp.ClientSession:
+    def _new_session(self, *, auto_decompress: bool = False) -> aiohttp.ClientSession:
         return aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(
                 limit=self.cfg.max_connections, keepalive_timeout=KEEPALIVE_S
             ),
-            # The engine's bytes go to the client as they are; cookies mean nothing here.
-            auto_decompress=False,
+            # Completions: the engine's bytes go to the client as they are. Cookies mean
+            # nothing here.
+            auto_decompress=auto_decompress,
             cookie_jar=aiohttp.DummyCookieJar(),
             skip_auto_headers=("User-Agent",),
         )

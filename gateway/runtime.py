@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from urllib.parse import urlsplit, urlunsplit
 
 from gateway.auth import Authenticator
-from gateway.config import GatewayConfig
+from gateway.config import ConfigError, GatewayConfig
 from gateway.core.retry import ReleaseRate
 from gateway.core.routing import Router
 from gateway.engines.monitor import EngineMonitor
@@ -93,15 +93,26 @@ def _redacted(url: str) -> str:
 
 
 async def build_runtime(cfg: GatewayConfig) -> Runtime:
+    """Discover the engines and build everything the process runs with; what was opened is
+    closed again if a step fails (a bad tokenizer path is a `ConfigError`)."""
     upstream = Upstream(cfg.upstream)
+    store: StateStore | None = None
     try:
         specs, sources = await resolve_engines(cfg, upstream.client)
+        pool = EnginePool(specs, sources)
+        router = Router(cfg.routing.scorers)
+        store = make_store(cfg, router)
+        return _assemble(cfg, upstream, pool, store)
     except BaseException:
+        if store is not None:
+            await store.close()
         await upstream.aclose()
         raise
-    pool = EnginePool(specs, sources)
-    router = Router(cfg.routing.scorers)
-    store = make_store(cfg, router)
+
+
+def _assemble(
+    cfg: GatewayConfig, upstream: Upstream, pool: EnginePool, store: StateStore
+) -> Runtime:
     scheduler = Scheduler(
         store=store,
         pool=pool,
@@ -118,13 +129,16 @@ async def build_runtime(cfg: GatewayConfig) -> Runtime:
         def urls(model: str = model) -> list[str]:
             return [e.spec.url for e in pool.serving(model) if e.healthy]
 
-        counters[model] = make_counter(
-            spec,
-            model=model,
-            tokenize_urls=urls,
-            client=upstream.tokenize_session(),
-            timeout=upstream.tokenize_timeout,
-        )
+        try:
+            counters[model] = make_counter(
+                spec,
+                model=model,
+                tokenize_urls=urls,
+                client=upstream.tokenize_session() if spec == "engine" else None,
+                timeout=upstream.tokenize_timeout,
+            )
+        except ValueError as e:  # e.g. an hf: directory that is not there
+            raise ConfigError(f"models: {e}") from None
         log.info("model %s: token counter %s", model, spec)
     unserved = [m.name for m in cfg.models if m.name not in counters]
     if unserved:

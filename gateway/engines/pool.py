@@ -101,6 +101,10 @@ class EnginePool:
         """The engine now reports other numbers (e.g. restarted with another KV size)."""
         e = self._engines[name]
         changed = {k: v for k, v in changes.items() if getattr(e.spec, k) != v}
+        if "dp_size" in changed and "max_num_seqs" not in changes:
+            # `max_num_seqs` is the engine's total: vLLM's per-rank flag × its ranks.
+            per_rank = e.spec.max_num_seqs // e.spec.dp_size
+            changed["max_num_seqs"] = per_rank * changed["dp_size"]
         if not changed:
             return
         for key, value in changed.items():

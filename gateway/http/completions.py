@@ -207,8 +207,10 @@ async def _top_up(call: _Call, generated: int) -> None:
     service = call.runtime.service
     more = service.top_up(call.admitted, call.lease, generated)
     if more:
+        before = call.lease.blocks
         call.lease = await service.extend(call.lease, more)
-        call.runtime.metrics.extended_blocks.labels(call.model).inc(more)
+        if call.lease.blocks > before:  # not when the store could not extend it
+            call.runtime.metrics.extended_blocks.labels(call.model).inc(call.lease.blocks - before)
 
 
 async def _fail(send: Send, error: GatewayError, call: _Call) -> None:

@@ -13,7 +13,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 if TYPE_CHECKING:
     from gateway.runtime import Runtime
 
-WAIT_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+WAIT_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
 
 
 class GatewayMetrics:
@@ -82,8 +82,9 @@ class GatewayMetrics:
         )
         self.predicted_output = Gauge(
             "kv_gateway_predicted_output_tokens",
-            "Output tokens per sequence a `predicted` reservation reserves at most (the "
-            "quantile of recent outputs); absent until enough requests completed.",
+            "The quantile of the model's recent output lengths (tokens per sequence), all "
+            "tenants together: what a `predicted` reservation reserves at most for a tenant "
+            "without enough samples of its own; absent until enough requests completed.",
             ["model"],
             registry=self.registry,
         )

@@ -487,6 +487,7 @@ class RedisStore:
         """Redis is back: the leases granted locally in the outage are written there, so
         every replica counts them, and from then on are held (and released) there."""
         records = dict(self._outage)
+        sizes = {lease_id: record["b"] for lease_id, record in records.items()}
         await self._write_leases(records)
         for lease_id, record in records.items():
             if self._outage.pop(lease_id, None) is None:
@@ -495,6 +496,9 @@ class RedisStore:
                 continue
             await self._local.release(Lease(lease_id, record["e"], record["b"], record["s"]))
             self._held[lease_id] = record
+            if record["b"] != sizes[lease_id]:  # extended while it was being written
+                args = [lease_id, str(sizes[lease_id]), str(record["b"])]
+                await self._call("extend", args)
             log.info("lease %s, granted locally while Redis was away, is held in Redis", lease_id)
         await self._catch_up()
 

@@ -90,3 +90,26 @@ def test_unreachable_engine_is_a_clear_startup_error(tmp_path):
     )
     assert result.returncode == 1
     assert "engine discovery failed" in result.stderr and "Traceback" not in result.stderr
+
+
+async def test_a_missing_tokenizer_directory_is_one_line_and_exit_2(tmp_path):
+    sim = await SimProcess(num_gpu_blocks=65, max_model_len=512).start()
+    try:
+        config = tmp_path / "gw.yaml"
+        missing = tmp_path / "no-such-tokenizer"
+        config.write_text(
+            f"engines:\n  - url: {sim.url}\n    max_num_seqs: 8\n"
+            f"models:\n  - name: tiny\n    tokenizer: hf:{missing}\n"
+        )
+        result = await asyncio.to_thread(
+            subprocess.run,
+            [sys.executable, "-m", "gateway.cli", "serve", "--config", str(config)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    finally:
+        sim.stop()
+    assert result.returncode == 2
+    assert "models:" in result.stderr and "is not a directory" in result.stderr
+    assert "Traceback" not in result.stderr and "Unclosed" not in result.stderr

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import gzip
+import json
 import socket
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -35,6 +37,7 @@ class TokenizeServer:
     hits: int = 0
     fail_with: int | None = None
     answer: tuple[int, str] | None = None  # (status, body) to answer everything with
+    gzip: bool = False  # answer gzip-compressed, as a proxy in front of an engine may
     bodies: list[dict[str, Any]] = field(default_factory=list)
 
 
@@ -61,9 +64,12 @@ def _tokenize_app(tok: HfTokenizer, state: TokenizeServer) -> Starlette:
             ids = tok.encode(rendered, add_special_tokens=False)
         else:
             ids = tok.encode(body["prompt"])
-        return JSONResponse(
-            {"count": len(ids), "max_model_len": 4096, "tokens": ids, "token_strs": None}
-        )
+        answer = {"count": len(ids), "max_model_len": 4096, "tokens": ids, "token_strs": None}
+        if state.gzip:
+            packed = gzip.compress(json.dumps(answer).encode())
+            headers = {"content-encoding": "gzip"}
+            return Response(packed, media_type="application/json", headers=headers)
+        return JSONResponse(answer)
 
     return Starlette(routes=[Route("/tokenize", tokenize, methods=["POST"])])
 

@@ -148,3 +148,26 @@ async def test_a_silent_engine_times_out_and_the_next_is_asked(
         )
         assert await counter.count_prompt("abc") > 0
     assert engine_b.hits == 1
+
+
+async def test_the_gateways_tokenize_session_reads_compressed_answers(
+    engine_a: TokenizeServer,
+) -> None:
+    """A proxy in front of the engine may gzip the JSON: the gateway's /tokenize session
+    decompresses it (the completions' session passes bytes through untouched)."""
+    from gateway.config import UpstreamConfig
+    from gateway.proxy import Upstream
+
+    engine_a.gzip = True
+    upstream = Upstream(UpstreamConfig())
+    try:
+        counter = make_counter(
+            "engine",
+            model=MODEL,
+            tokenize_urls=lambda: [engine_a.url],
+            client=upstream.tokenize_session(),
+            timeout=upstream.tokenize_timeout,
+        )
+        assert await counter.count_prompt("hello there") > 0
+    finally:
+        await upstream.aclose()
