@@ -161,18 +161,27 @@ def wait_healthy(child: Child, url: str) -> None:
     raise RuntimeError(f"{child.name} not healthy within {STARTUP_TIMEOUT_S:g} s:\n{child.tail()}")
 
 
-def start_engine(workdir: Path) -> tuple[Child, str]:
+def start_engine(
+    workdir: Path,
+    engine: dict[str, int] = ENGINE,
+    *,
+    name: str = "engine",
+    decode_ms: tuple[float, float] = (0.0, 0.0),
+    prefill_ms_per_token: float = 0.0,
+) -> tuple[Child, str]:
+    """A simulated engine of that geometry (`decode_ms`: base and per-sequence step cost)."""
     port = free_port()
     cmd = [
         sys.executable, "-m", "gateway.sim", "--host", "127.0.0.1", "--port", str(port),
-        "--num-gpu-blocks", str(ENGINE["num_gpu_blocks"]),
-        "--block-size", str(ENGINE["block_size"]),
-        "--max-num-seqs", str(ENGINE["max_num_seqs"]),
-        "--max-model-len", str(ENGINE["max_model_len"]),
-        "--decode-ms-base", "0", "--decode-ms-per-seq", "0", "--prefill-ms-per-token", "0",
+        "--num-gpu-blocks", str(engine["num_gpu_blocks"]),
+        "--block-size", str(engine["block_size"]),
+        "--max-num-seqs", str(engine["max_num_seqs"]),
+        "--max-model-len", str(engine["max_model_len"]),
+        "--decode-ms-base", str(decode_ms[0]), "--decode-ms-per-seq", str(decode_ms[1]),
+        "--prefill-ms-per-token", str(prefill_ms_per_token),
         "--log-level", "warning",
     ]  # fmt: skip
-    child = spawn("engine", cmd, workdir)
+    child = spawn(name, cmd, workdir)
     url = f"http://127.0.0.1:{port}"
     wait_healthy(child, url)
     return child, url
@@ -191,17 +200,17 @@ def gateway_config(engine_url: str, tokenizer: str, redis_url: str | None) -> di
 
 
 def start_gateway(
-    workdir: Path, engine_url: str, tokenizer: str, redis_url: str | None = None
+    workdir: Path, cfg: dict[str, Any], *, name: str = "gateway"
 ) -> tuple[Child, str]:
-    config = workdir / "gateway.yaml"
-    cfg = gateway_config(engine_url, tokenizer, redis_url)
+    """`kv-gateway serve` with that configuration."""
+    config = workdir / f"{name}.yaml"
     config.write_text(yaml.safe_dump(cfg, sort_keys=False))
     port = free_port()
     cmd = [
         sys.executable, "-m", "gateway.cli", "serve", "--config", str(config),
         "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning",
     ]  # fmt: skip
-    child = spawn("gateway", cmd, workdir)
+    child = spawn(name, cmd, workdir)
     url = f"http://127.0.0.1:{port}"
     wait_healthy(child, url)
     return child, url
@@ -788,7 +797,9 @@ def run(args: argparse.Namespace, workdir: Path, children: list[Child]) -> dict[
 
     engine, engine_url = start_engine(workdir)
     children.append(engine)
-    gateway, gateway_url = start_gateway(workdir, engine_url, args.tokenizer, args.redis)
+    gateway, gateway_url = start_gateway(
+        workdir, gateway_config(engine_url, args.tokenizer, args.redis)
+    )
     children.append(gateway)
     print(f"engine {engine_url} (pid {engine.pid}), gateway {gateway_url} (pid {gateway.pid})")
 

@@ -25,15 +25,13 @@ import asyncio
 import json
 import random
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 import httpx
-import yaml
-from bench_overhead import Child, free_port, machine, spawn, wait_healthy
+from bench_overhead import Child, machine, start_engine, start_gateway
 
 ENGINE = {"num_gpu_blocks": 513, "block_size": 16, "max_num_seqs": 64, "max_model_len": 2048}
 MAX_TOKENS = 1024
@@ -41,19 +39,9 @@ LONG_TOKENS = 600
 
 
 def start(workdir: Path, mode: str, kv_ceiling: float) -> tuple[list[Child], str, str]:
-    port = free_port()
-    engine_cmd = [
-        sys.executable, "-m", "gateway.sim", "--host", "127.0.0.1", "--port", str(port),
-        "--num-gpu-blocks", str(ENGINE["num_gpu_blocks"]),
-        "--block-size", str(ENGINE["block_size"]),
-        "--max-num-seqs", str(ENGINE["max_num_seqs"]),
-        "--max-model-len", str(ENGINE["max_model_len"]),
-        "--decode-ms-base", "8", "--decode-ms-per-seq", "0.1",
-        "--prefill-ms-per-token", "0.005", "--log-level", "warning",
-    ]  # fmt: skip
-    engine = spawn(f"engine-{mode}", engine_cmd, workdir)
-    engine_url = f"http://127.0.0.1:{port}"
-    wait_healthy(engine, engine_url)
+    engine, engine_url = start_engine(
+        workdir, ENGINE, name=f"engine-{mode}", decode_ms=(8, 0.1), prefill_ms_per_token=0.005
+    )
     cfg = {
         "engines": [{"name": "sim", "url": engine_url, **ENGINE}],
         "models": [{"name": "tiny", "tokenizer": "hf:@tiny"}],
@@ -65,16 +53,7 @@ def start(workdir: Path, mode: str, kv_ceiling: float) -> tuple[list[Child], str
         },
         "health": {"scrape_interval_s": 0.5},
     }
-    config = workdir / f"gateway-{mode}.yaml"
-    config.write_text(yaml.safe_dump(cfg, sort_keys=False))
-    port = free_port()
-    gateway_cmd = [
-        sys.executable, "-m", "gateway.cli", "serve", "--config", str(config),
-        "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning",
-    ]  # fmt: skip
-    gateway = spawn(f"gateway-{mode}", gateway_cmd, workdir)
-    gateway_url = f"http://127.0.0.1:{port}"
-    wait_healthy(gateway, gateway_url)
+    gateway, gateway_url = start_gateway(workdir, cfg, name=f"gateway-{mode}")
     return [gateway, engine], engine_url, gateway_url
 
 
