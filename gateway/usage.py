@@ -22,6 +22,7 @@ class UsageMeter:
         self._body = bytearray()
         self._events = 0
         self._reported: _Usage | None = None
+        self._parsed: tuple[_Usage | None] | None = None  # a whole answer's, once parsed
         self._tail = b""
 
     def feed(self, chunk: bytes) -> None:
@@ -54,10 +55,16 @@ class UsageMeter:
         reported = self._reported.completion if self._reported is not None else None
         return self._events if reported is None else reported
 
+    def _whole(self) -> _Usage | None:
+        """The `usage` of a whole (non-streamed) answer, parsed once when first asked."""
+        if self._parsed is None:
+            self._parsed = (_usage(bytes(self._body)),)
+        return self._parsed[0]
+
     def total_tokens(self) -> int | None:
         """Prompt + completion tokens used; None when the answer did not say and cannot tell."""
         if not self.streaming:
-            usage = _usage(bytes(self._body))
+            usage = self._whole()
             return usage.total if usage is not None else None
         if self._reported is not None and self._reported.total is not None:
             return self._reported.total
@@ -67,7 +74,7 @@ class UsageMeter:
         """Generated tokens, all choices together, as the engine counted them (for a stream
         without `usage`: its content events); None when the answer did not say."""
         if not self.streaming:
-            usage = _usage(bytes(self._body))
+            usage = self._whole()
             return usage.completion if usage is not None else None
         return self.streamed_tokens
 

@@ -48,14 +48,12 @@ def place(
         # vLLM runs a request on one data-parallel rank: it must fit one rank's pool.
         capacity = spec.rank_capacity_blocks(kv_ceiling)
         if need.blocks > capacity:
-            usable = spec.usable_blocks // spec.dp_size
-            where = (
-                f"its {usable} usable blocks"
-                if spec.dp_size == 1
-                else (
-                    f"the {usable} usable blocks of one of its {spec.dp_size} data-parallel ranks"
+            where = f"its {spec.rank_usable_blocks} usable blocks"
+            if spec.dp_size > 1:
+                where = (
+                    f"the {spec.rank_usable_blocks} usable blocks of one of its "
+                    f"{spec.dp_size} data-parallel ranks"
                 )
-            )
             reasons.append(
                 NeverFits(
                     f"This request needs {need.blocks} KV blocks ({need.tokens} tokens at "

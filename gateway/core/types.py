@@ -36,12 +36,16 @@ class EngineSpec:
         """The most blocks the gateway lets reservations hold on this engine."""
         return int(self.usable_blocks * kv_ceiling)
 
+    @property
+    def rank_usable_blocks(self) -> int:
+        """Usable blocks of one data-parallel rank: its pool is `num_gpu_blocks / dp_size`
+        blocks, one of them its null block."""
+        return max(0, self.num_gpu_blocks // self.dp_size - 1)
+
     def rank_capacity_blocks(self, kv_ceiling: float) -> int:
         """The most blocks one request may hold: vLLM runs a request (all its sequences) on
-        one data-parallel rank, whose pool is `num_gpu_blocks / dp_size` blocks, one of them
-        its null block. Equal to `capacity_blocks` without data parallelism."""
-        per_rank = self.num_gpu_blocks // self.dp_size - 1
-        return int(max(0, per_rank) * kv_ceiling)
+        one data-parallel rank. Equal to `capacity_blocks` without data parallelism."""
+        return int(self.rank_usable_blocks * kv_ceiling)
 
     @property
     def rank_max_num_seqs(self) -> int:

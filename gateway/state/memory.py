@@ -201,11 +201,7 @@ class InMemoryStore:
         self._add(got.engine, -got.blocks, -got.seqs)
         rpm, tpm, now = held.policy.rpm, held.policy.tpm, self._clock()
         usage = self._tenants.get(got.tenant, TenantUsage())
-        seen = self._activity.get(got.tenant)
-        if seen is not None:
-            self._activity[got.tenant] = room.observe(
-                seen, weight=None, held=usage.blocks, now=now, window=self._active_window_s
-            )
+        self._observe_held(got.tenant, usage.blocks, now)
         usage = tenants.release(
             usage, tpm=tpm, blocks=got.blocks, charged=got.tokens, used=used_tokens, now=now
         )
@@ -232,17 +228,17 @@ class InMemoryStore:
         policy = held.policy
         self._line.surcharge(policy.name, policy.priority, policy.weight, blocks)
         usage = self._tenants.get(grown.tenant, TenantUsage())
-        seen = self._activity.get(grown.tenant)
-        if seen is not None:  # the headroom rule's average, before `held` changes
-            self._activity[grown.tenant] = room.observe(
-                seen,
-                weight=None,
-                held=usage.blocks,
-                now=self._clock(),
-                window=self._active_window_s,
-            )
+        self._observe_held(grown.tenant, usage.blocks, self._clock())
         self._tenants[grown.tenant] = replace(usage, blocks=usage.blocks + blocks)
         return grown
+
+    def _observe_held(self, tenant: str, held: int, now: float) -> None:
+        """The headroom rule's average of what a seen tenant holds, before `held` changes."""
+        seen = self._activity.get(tenant)
+        if seen is not None:
+            self._activity[tenant] = room.observe(
+                seen, weight=None, held=held, now=now, window=self._active_window_s
+            )
 
     async def enqueue(self, entry: QueueEntry, max_length: int) -> QueueVerdict:
         now = self._expire()

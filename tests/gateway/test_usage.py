@@ -59,3 +59,16 @@ def test_continuous_usage_stats_count_the_stream_as_it_goes():
     for n in range(1, 6):  # every event carries the running usage, as vLLM's option does
         m.feed(sse({"choices": [{"text": "xy"}], "usage": {"completion_tokens": 2 * n}}))
         assert m.streamed_tokens == 2 * n
+
+
+def test_a_whole_answer_is_parsed_once(monkeypatch):
+    """Both figures are read at the end of every request: one JSON parse of the body."""
+    import gateway.usage
+
+    calls = []
+    real = gateway.usage._usage
+    monkeypatch.setattr(gateway.usage, "_usage", lambda p: calls.append(p) or real(p))
+    m = UsageMeter(streaming=False, prompt_tokens=3)
+    m.feed(json.dumps({"usage": {"completion_tokens": 4, "total_tokens": 7}}).encode())
+    assert (m.total_tokens(), m.completion_tokens(), m.total_tokens()) == (7, 4, 7)
+    assert len(calls) == 1
