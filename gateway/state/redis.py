@@ -516,7 +516,7 @@ class RedisStore:
                 # Released while this renewal was on its way: the release may have run
                 # first, so the lease written again must go too (release is idempotent).
                 self._pending_release.setdefault(lease_id, None)
-        if any(lease_id not in self._held for lease_id in restored):
+        if self._pending_release:
             await self._catch_up()
 
     def _start(self) -> None:
