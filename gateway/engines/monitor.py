@@ -1,13 +1,17 @@
 """Watching the engines: `/health` and `/metrics` every `scrape_interval_s`.
 
 A probe that fails (connection refused, `/health` not 200, a page that does not parse)
-ejects the engine from routing at once — a slow answer only after `timeouts_to_eject` in a
-row, since a busy engine may be slow to answer; it is probed again after 1, 2, 4 … scrape
-intervals (at most `backoff_max_s`) and readmitted on the first success, after a fresh
-discovery — so an engine restarted with another KV size or context length is picked up
-without restarting the gateway. A healthy engine's scrape refreshes what it reports in use
-(blocks, running, waiting) and notices a change of its KV geometry. Waiting requests look at
-the pool again at least every `scheduler.POLL_S`, so they see these changes.
+ejects the engine from routing at once. A slow answer ejects it only after
+`timeouts_to_eject` in a row, and never while the engine is still sending the gateway's
+requests their answers and stream chunks (`EngineState.progress` moved during the probe):
+vLLM on a saturated host answers `/health` and renders `/metrics` late while it generates,
+and ejecting it then would fail every request queued for it. An ejected engine is probed
+again after 1, 2, 4 … scrape intervals (at most `backoff_max_s`) and readmitted on the first
+success, after a fresh discovery — so an engine restarted with another KV size or context
+length is picked up without restarting the gateway. A healthy engine's scrape refreshes what
+it reports in use (blocks, running, waiting) and notices a change of its KV geometry.
+Waiting requests look at the pool again at least every `scheduler.POLL_S`, so they see
+these changes.
 """
 
 from __future__ import annotations
@@ -77,6 +81,7 @@ class EngineMonitor:
 
     async def probe(self, state: EngineState) -> None:
         name, url = state.spec.name, state.spec.url
+        progress = state.progress
         try:
             async with asyncio.timeout(self.cfg.timeout_s):
                 health = await self.client.get(url + "/health")
@@ -86,6 +91,14 @@ class EngineMonitor:
                     await self._rediscover(state)
                 page = parse_page((await self.client.get(url + "/metrics")).text)
         except TimeoutError:
+            if state.healthy and state.progress != progress:
+                # Its answers kept arriving meanwhile: busy, not hung. The last snapshot
+                # stays (admission still counts the gateway's own reservations on top).
+                log.info(
+                    "engine %s: probe slower than %g s while serving", name, self.cfg.timeout_s
+                )
+                state.suspect = 0
+                return
             # A slow answer may be a busy engine: eject only after several in a row.
             state.suspect += 1
             if not state.healthy or state.suspect >= self.cfg.timeouts_to_eject:

@@ -34,6 +34,9 @@ class EngineState:
     suspect: int = 0  # probes in a row that timed out while the engine was still routed to
     last_error: str | None = None
     next_probe_at: float = 0.0
+    # Answers and chunks the data plane has received from the engine (a counter, no clock):
+    # a probe that times out while this moves met a busy engine, not a hung one.
+    progress: int = 0
 
     @property
     def reported_seqs(self) -> int:

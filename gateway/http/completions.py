@@ -153,6 +153,11 @@ class CompletionsEndpoint:
             raise UpstreamUnavailable(
                 f"engine {engine.name!r} answered {response.status_code}: {text}"
             )
+        # The monitor reads this: an engine whose answers keep coming is not hung, however
+        # slow its /health (see engines/monitor.py).
+        state = call.runtime.pool.get(engine.name)
+        if state is not None:
+            state.progress += 1
         headers = [(k, v) for k, v in response.raw_headers if k.lower() in PASS_BACK]
         headers.append((b"x-request-id", call.request_id.encode()))
         headers.append((b"x-kv-gateway-engine", engine.name.encode()))
@@ -170,6 +175,8 @@ class CompletionsEndpoint:
         metrics = call.runtime.metrics
         first = True
         async for chunk in response.chunks():
+            if state is not None:
+                state.progress += 1
             meter.feed(chunk)
             if follow:
                 await _top_up(call, meter.streamed_tokens)

@@ -246,7 +246,10 @@ async def test_overload_through_gateway_never_preempts(
     outcome = await run_overload(gateway.url, vllm_url, requests=20, max_tokens=200)
     conftest.record_figure("overload through the gateway", outcome.summary())
     assert outcome.preemptions == 0, outcome.summary()
-    assert set(outcome.outcomes) <= {"completed", "429"}, outcome.summary()
+    # Anything else (a 503 after an ejection, a 502) is explained by the gateway's log.
+    assert set(outcome.outcomes) <= {"completed", "429"}, (
+        f"{outcome.summary()}\ngateway log:\n{gateway.log_tail()}"
+    )
     assert sum(outcome.outcomes.values()) == 20
     assert outcome.peak_running <= 2, outcome.summary()
     status = gateway.status()

@@ -1,0 +1,123 @@
+"""An engine too busy to answer its probes in time, but still streaming, stays in routing.
+
+vLLM on a saturated host (the CI's two cores) answers `/health` and `/metrics` late while it
+generates. Ejecting it then turns every request queued for it into a 503 — what the real-vLLM
+overload test once saw. Here an engine whose `/health` always takes longer than the probe
+timeout streams an answer through the gateway: while its chunks arrive it stays healthy and
+new requests are served; once the traffic stops, the same slow probes eject it.
+"""
+
+import asyncio
+import contextlib
+import json
+
+import httpx
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from gateway.config import parse_config
+from gateway.http.app import create_app
+from gateway.http.embedded import running_app
+from gateway.runtime import build_runtime
+
+PROBE_TIMEOUT_S = 0.3
+CHUNKS, CHUNK_GAP_S = 30, 0.1  # a 3 s stream, many probe timeouts long
+
+
+def busy_engine() -> Starlette:
+    async def completions(request: Request) -> Response:
+        body = await request.json()
+        if not body.get("stream"):
+            return JSONResponse(
+                {"choices": [{"index": 0, "text": "ok"}], "usage": {"total_tokens": 3}}
+            )
+
+        async def events():
+            chunk = {"choices": [{"index": 0, "text": "a", "finish_reason": None}]}
+            for _ in range(CHUNKS):
+                yield f"data: {json.dumps(chunk)}\n\n"
+                await asyncio.sleep(CHUNK_GAP_S)
+            yield "data: [DONE]\n\n"
+
+        return StreamingResponse(events(), media_type="text/event-stream")
+
+    async def health(request: Request) -> Response:
+        await asyncio.sleep(3 * PROBE_TIMEOUT_S)
+        return Response()
+
+    async def metrics(request: Request) -> Response:
+        return Response("", media_type="text/plain")
+
+    return Starlette(
+        routes=[
+            Route("/v1/completions", completions, methods=["POST"]),
+            Route("/health", health),
+            Route("/metrics", metrics),
+        ]
+    )
+
+
+@contextlib.asynccontextmanager
+async def gateway_in_front():
+    async with running_app(busy_engine()) as engine:
+        cfg = parse_config(
+            {
+                "engines": [
+                    {
+                        "name": "busy",
+                        "url": engine,
+                        "models": ["tiny"],
+                        "num_gpu_blocks": 65,
+                        "block_size": 16,
+                        "max_num_seqs": 8,
+                        "max_model_len": 512,
+                    }
+                ],
+                "models": [{"name": "tiny", "tokenizer": "hf:@tiny"}],
+                "health": {
+                    "scrape_interval_s": 0.1,
+                    "timeout_s": PROBE_TIMEOUT_S,
+                    "timeouts_to_eject": 2,
+                    "backoff_max_s": 1.0,
+                },
+            }
+        )
+        runtime = await build_runtime(cfg)
+        async with running_app(create_app(cfg, runtime)) as url:
+            yield url
+
+
+async def healthy(http: httpx.AsyncClient, url: str) -> bool:
+    status = (await http.get(url + "/admin/status")).json()
+    return bool(status["engines"][0]["healthy"])
+
+
+async def test_slow_probes_do_not_eject_an_engine_that_is_streaming():
+    async with gateway_in_front() as url, httpx.AsyncClient(timeout=10) as http:
+        request = {"model": "tiny", "prompt": "x", "max_tokens": 4}
+        async with http.stream(
+            "POST", url + "/v1/completions", json={**request, "stream": True}
+        ) as stream:
+            assert stream.status_code == 200
+            events = 0
+            async for line in stream.aiter_lines():
+                if line.startswith("data: {"):
+                    events += 1
+                if events == CHUNKS // 2:
+                    # Well over `timeouts_to_eject` probes have timed out by now (1.5 s).
+                    assert await healthy(http, url)
+                    ok = await http.post(url + "/v1/completions", json=request)
+                    assert ok.status_code == 200, ok.text
+        assert events == CHUNKS
+        # Nothing flows any more: the same slow probes now eject it.
+        for _ in range(40):
+            if not await healthy(http, url):
+                break
+            await asyncio.sleep(0.1)
+        else:
+            raise AssertionError("an engine with slow probes and no traffic was not ejected")
+        refused = await http.post(url + "/v1/completions", json=request)
+        assert refused.status_code == 503
+        assert refused.json()["error"]["code"] == "no_healthy_engine"
