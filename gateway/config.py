@@ -196,6 +196,8 @@ class RedisConfig(_Strict):
     # (`fail_open_local`: stay up, at the risk of replicas together exceeding the ceiling).
     on_failure: Literal["fail_closed", "fail_open_local"] = "fail_closed"
     local_share: float = Field(default=0.5, gt=0, le=1)
+    # A Redis call (connect, or a script's answer) slower than this counts as Redis lost.
+    timeout_s: float = Field(default=1.0, gt=0)
 
 
 class HealthConfig(_Strict):

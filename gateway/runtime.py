@@ -78,6 +78,7 @@ def make_store(cfg: GatewayConfig, router: Router) -> StateStore:
         key_prefix=cfg.redis.key_prefix,
         on_failure=cfg.redis.on_failure,
         local_share=cfg.redis.local_share,
+        timeout_s=cfg.redis.timeout_s,
         seed=cfg.routing.seed,
         burst_blocks=cfg.queue.fair_burst_blocks,
         headroom=cfg.admission.share_headroom,
