@@ -32,7 +32,7 @@ async def _complete(http: httpx.AsyncClient, url: str, max_tokens: int = 150) ->
 
 
 async def test_burst_is_queued_then_refused_with_retry_after():
-    queue = {"max_length": 6, "max_wait_s": 0.5}
+    queue = {"max_length": 6, "max_wait_s": 0.25}
     async with gateway_over([BIG, SMALL], queue=queue) as gw:
         async with httpx.AsyncClient(timeout=30) as http:
             results = await asyncio.gather(*(_complete(http, gw.url) for _ in range(40)))
@@ -47,7 +47,7 @@ async def test_burst_is_queued_then_refused_with_retry_after():
             assert int(r.headers["retry-after"]) >= 1
             assert 1 <= int(r.headers["retry-after-ms"]) <= 300_000
         # 40 arrivals against 5 slots and a queue of 6: some overflow the queue at once, and
-        # the queued ones outwait max_wait_s (a generation takes longer than 0.5 s).
+        # the queued ones outwait max_wait_s (a generation takes longer than 0.25 s).
         assert {r.json()["error"]["code"] for r in refused} == {"queue_full", "queue_timeout"}
     # The engines never saw more than max_num_seqs, nor more blocks than the gateway's ceiling,
     # and never preempted.

@@ -22,8 +22,8 @@ from gateway.http.app import create_app
 from gateway.http.embedded import running_app
 from gateway.runtime import build_runtime
 
-PROBE_TIMEOUT_S = 0.3
-CHUNKS, CHUNK_GAP_S = 30, 0.1  # a 3 s stream, many probe timeouts long
+PROBE_TIMEOUT_S = 0.5
+CHUNKS, CHUNK_GAP_S = 40, 0.1  # a 4 s stream, many probe timeouts long
 
 
 def busy_engine() -> Starlette:
@@ -106,13 +106,13 @@ async def test_slow_probes_do_not_eject_an_engine_that_is_streaming():
                 if line.startswith("data: {"):
                     events += 1
                 if events == CHUNKS // 2:
-                    # Well over `timeouts_to_eject` probes have timed out by now (1.5 s).
+                    # Well over `timeouts_to_eject` probes have timed out by now (2 s).
                     assert await healthy(http, url)
                     ok = await http.post(url + "/v1/completions", json=request)
                     assert ok.status_code == 200, ok.text
         assert events == CHUNKS
         # Nothing flows any more: the same slow probes now eject it.
-        for _ in range(40):
+        for _ in range(80):
             if not await healthy(http, url):
                 break
             await asyncio.sleep(0.1)

@@ -68,7 +68,7 @@ async def gateway_in_front():
                     }
                 ],
                 "models": [{"name": "tiny", "tokenizer": "hf:@tiny"}],
-                "upstream": {"first_byte_timeout_s": 0.5, "idle_timeout_s": 0.5},
+                "upstream": {"first_byte_timeout_s": 1.0, "idle_timeout_s": 1.0},
                 "health": {"scrape_interval_s": 0.2},
             }
         )

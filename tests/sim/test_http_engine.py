@@ -17,7 +17,7 @@ PROMPT_6 = [100, 101, 102, 103, 104, 105]  # token ids: an exact 6-token prompt
 async def test_a_request_holds_ceil_tokens_over_block_size_as_it_grows(
     sim: SimFactory, client: httpx.AsyncClient
 ) -> None:
-    async with sim(num_gpu_blocks=33, block_size=4, max_model_len=64, decode_ms_base=15) as url:
+    async with sim(num_gpu_blocks=33, block_size=4, max_model_len=64, decode_ms_base=40) as url:
         seen: set[tuple[int, int]] = set()
         body = {"model": "tiny", "prompt": PROMPT_6, "max_tokens": 12, "ignore_eos": True}
         async with client.stream("POST", f"{url}/v1/completions", json={**body, "stream": True}):
@@ -48,7 +48,7 @@ async def test_with_n_blocks_and_k_block_requests_at_most_n_over_k_run(
 ) -> None:
     # 9 blocks = 8 usable (one is vLLM's null block); each request needs k = 3 blocks of 4
     # tokens (9-token prompt + 3 output tokens, KV <= 11 tokens) -> at most 8 // 3 = 2 run.
-    async with sim(num_gpu_blocks=9, block_size=4, max_model_len=32, decode_ms_base=20) as url:
+    async with sim(num_gpu_blocks=9, block_size=4, max_model_len=32, decode_ms_base=60) as url:
         body = {"model": "tiny", "prompt": list(range(200, 209)), "max_tokens": 3}
         body["ignore_eos"] = True
         tasks = [

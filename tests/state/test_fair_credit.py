@@ -83,12 +83,16 @@ async def test_a_newcomer_with_credit_passes_a_waiting_backlog(store_with):
 async def test_both_backends_decide_alike(seed):
     """One random sequence of admissions, joins, departures and releases by tenants of
     different weights and priorities, run on the in-process store and on Redis: every
-    verdict is the same (the Lua scripts implement the core's order and credit)."""
+    verdict is the same (the Lua scripts implement the core's order and credit).
+
+    The headroom rule is off here: it reads time-averaged usage, which each store takes from
+    its own clock at a slightly different moment; tests/state/test_headroom.py runs it on
+    both backends."""
     rng = random.Random(seed)
     burst = rng.choice([0, 5, 20, 64])
-    memory = InMemoryStore(Router(), random.Random(0), burst_blocks=burst)
+    memory = InMemoryStore(Router(), random.Random(0), burst_blocks=burst, headroom=0.0)
     prefix = new_prefix()
-    shared = redis_store(prefix, burst_blocks=burst)
+    shared = redis_store(prefix, burst_blocks=burst, headroom=0.0)
     stores = (memory, shared)
     a = spec("a", blocks=41, seqs=100)
     tenants = [

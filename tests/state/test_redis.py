@@ -122,7 +122,7 @@ async def test_replicas_never_overcommit_under_bursts(replicas):
 
 
 async def test_killed_replica_leases_expire_within_ttl(replicas):
-    ttl = 0.6
+    ttl = 1.0
     doomed = replicas("doomed", lease_ttl_s=ttl)
     survivor = replicas("survivor", lease_ttl_s=ttl)
     a = spec("a", blocks=11)
@@ -132,7 +132,8 @@ async def test_killed_replica_leases_expire_within_ttl(replicas):
     doomed.stop_renewing()  # SIGKILL as the others see it: nothing released, nothing renewed
     assert await survivor.try_admit(ask(a, blocks=5)) == Refusal("no_capacity")
     while (await survivor.loads()).get("a", EngineLoad()) != EngineLoad():
-        assert time.monotonic() - killed_at < ttl + 0.3, "leases outlived their TTL"
+        # The bound leaves room for a slow machine; leases that never expire still fail it.
+        assert time.monotonic() - killed_at < ttl + 1.0, "leases outlived their TTL"
         await asyncio.sleep(0.02)
     back = await survivor.try_admit(ask(a, blocks=10))
     assert isinstance(back, Lease)
@@ -229,13 +230,15 @@ async def test_a_waiter_on_one_replica_wakes_on_a_release_on_another(replicas):
     lease = await one.try_admit(ask(spec("a"), blocks=2))
     await other.wait_for_change(0.2)  # starts its listener (and returns on its first notice)
     await asyncio.sleep(0.1)
-    waiter = asyncio.create_task(other.wait_for_change(5.0))
+    waiter = asyncio.create_task(other.wait_for_change(30.0))
     await asyncio.sleep(0.05)
-    assert not waiter.done()
+    while waiter.done():  # a late notice from the listener's start: wait again
+        waiter = asyncio.create_task(other.wait_for_change(30.0))
+        await asyncio.sleep(0.05)
     started = time.monotonic()
     await one.release(lease)
-    await asyncio.wait_for(waiter, 1.0)
-    assert time.monotonic() - started < 0.5  # woken by pub/sub, not by the 5 s timeout
+    await asyncio.wait_for(waiter, 10.0)
+    assert time.monotonic() - started < 5  # woken by pub/sub, not by the 30 s timeout
 
 
 async def test_fair_line_is_shared_by_replicas(replicas):
@@ -333,11 +336,18 @@ async def test_redis_lost_and_back(prefix, on_failure):
         deadline = time.monotonic() + 5
         while True:
             try:
-                totals = await store.totals()  # only ever read from Redis
-                break
+                await store.totals()  # only ever read from Redis
             except StateUnavailable:
                 assert time.monotonic() < deadline, "did not resume"
                 await asyncio.sleep(0.1)
+                continue
+            # Settled: the outage's release sent, the local lease handed to Redis (so that
+            # neither lands between the two reads around `after` below).
+            if not store._pending_release and not store._outage:
+                break
+            assert time.monotonic() < deadline, (store._pending_release, store._outage)
+            await asyncio.sleep(0.05)
+        totals = await store.totals()
         after = await store.try_admit(ask(a, blocks=4))
         assert isinstance(after, Lease) and not store.degraded
         assert (await store.totals()).leases == totals.leases + 1  # granted by Redis

@@ -144,7 +144,7 @@ async def test_a_silent_engine_times_out_and_the_next_is_asked(
             model=MODEL,
             tokenize_urls=lambda: [url, engine_b.url],
             client=client,
-            timeout=aiohttp.ClientTimeout(total=None, sock_connect=1.0, sock_read=0.3),
+            timeout=aiohttp.ClientTimeout(total=None, sock_connect=1.0, sock_read=1.0),
         )
         assert await counter.count_prompt("abc") > 0
     assert engine_b.hits == 1
