@@ -21,7 +21,7 @@ from gateway.errors import BadRequest, ContextOverflow, ModelNotFound, UpstreamU
 from gateway.http.parse import Inbound
 from gateway.scheduler import Ask, Scheduler
 from gateway.state.base import DEFAULT_TENANT, Lease
-from gateway.tokens import TokenCountError
+from gateway.tokens import EngineTokenizeError, TokenCountError
 from gateway.tokens.protocol import TokenCounter, prompt_token_counts
 
 
@@ -109,7 +109,9 @@ class Service:
             seqs=lease.seqs,
             prompt_tokens=prompt,
             generated=generated // lease.seqs,
-            budget=output_budget(prompt, shape.max_output_tokens, spec.max_model_len),
+            budget=output_budget(
+                prompt, shape.max_output_tokens, spec.max_model_len, shape.default_output_tokens
+            ),
             block_size=spec.block_size,
         )
 
@@ -160,10 +162,18 @@ class Service:
                 prompts = await prompt_token_counts(counter, inbound.prompt)
         except ValueError as e:  # the request's fault: template refused it, bad prompt type
             raise BadRequest(str(e), param="messages" if inbound.messages else "prompt") from None
+        except EngineTokenizeError as e:
+            if e.status in (400, 422):  # the engine refused the request itself (its template...)
+                param = "messages" if inbound.messages else "prompt"
+                raise BadRequest(e.detail or str(e), param=param) from None
+            raise UpstreamUnavailable(f"could not count the request's tokens: {e}") from None
         except TokenCountError as e:
             raise UpstreamUnavailable(f"could not count the request's tokens: {e}") from None
         return RequestShape(
-            prompt_tokens=tuple(prompts), max_output_tokens=inbound.max_output_tokens, n=inbound.n
+            prompt_tokens=tuple(prompts),
+            max_output_tokens=inbound.max_output_tokens,
+            n=inbound.n,
+            default_output_tokens=inbound.default_output_tokens,
         )
 
     def spec(self, engine: str) -> EngineSpec:

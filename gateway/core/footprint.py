@@ -15,11 +15,15 @@ from gateway.core.types import Footprint, RequestShape
 __all__ = ["ceil_div", "context_overflow", "footprint", "output_budget"]
 
 
-def output_budget(prompt_tokens: int, requested: int | None, max_model_len: int) -> int:
-    """The most tokens one sequence may generate: what was asked, else what the context allows."""
-    if requested is None:
-        return max(0, max_model_len - prompt_tokens)
-    return requested
+def output_budget(
+    prompt_tokens: int, requested: int | None, max_model_len: int, default: int | None = None
+) -> int:
+    """The most tokens one sequence may generate: what was asked; else the engine's default
+    (vLLM's completions: 16) clamped to what the context allows; else all it allows."""
+    if requested is not None:
+        return requested
+    room = max(0, max_model_len - prompt_tokens)
+    return room if default is None else min(default, room)
 
 
 def footprint(
@@ -34,7 +38,9 @@ def footprint(
     blocks = 0
     tokens = 0
     for prompt in shape.prompt_tokens:
-        budget = output_budget(prompt, shape.max_output_tokens, max_model_len)
+        budget = output_budget(
+            prompt, shape.max_output_tokens, max_model_len, shape.default_output_tokens
+        )
         reserved = budget if output_cap is None else min(budget, output_cap)
         blocks += shape.n * ceil_div(prompt + reserved, block_size)
         tokens += shape.n * (prompt + budget)

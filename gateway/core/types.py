@@ -100,14 +100,16 @@ class RequestShape:
     """A request as admission sees it: tokens in, tokens it may produce, how many sequences.
 
     `prompt_tokens` has one entry per prompt (a completions request may batch several);
-    `max_output_tokens` is what the client asked for (`max_completion_tokens`, else
-    `max_tokens`), or None when it asked for nothing, in which case vLLM may generate up to
-    `max_model_len − prompt`.
+    `max_output_tokens` is what the client asked for (chat: `max_completion_tokens`, else
+    `max_tokens`; completions: `max_tokens`), or None when it asked for nothing. Then the
+    engine's default applies: `default_output_tokens` (vLLM's completions default, 16)
+    clamped to what fits, or, when that is None too, up to `max_model_len − prompt`.
     """
 
     prompt_tokens: tuple[int, ...]
     max_output_tokens: int | None
     n: int = 1
+    default_output_tokens: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

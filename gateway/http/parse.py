@@ -15,6 +15,9 @@ from gateway.errors import BadRequest
 Kind = Literal["chat", "completion"]
 
 MAX_N = 128
+# vLLM's `/v1/completions` generates 16 tokens when `max_tokens` is left out (OpenAI's legacy
+# default); `"max_tokens": null` means up to the context's end, as for chat.
+COMPLETIONS_DEFAULT_MAX_TOKENS = 16
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,6 +31,8 @@ class Inbound:
     max_output_tokens: int | None
     messages: list[dict[str, Any]] | None = None
     prompt: Any = None  # str | list[str] | list[int] | list[list[int]], checked below
+    # The engine's own limit when `max_output_tokens` is None (see RequestShape).
+    default_output_tokens: int | None = None
 
 
 def _bad(message: str, param: str | None = None) -> BadRequest:
@@ -100,13 +105,27 @@ def parse_body(raw: bytes, kind: Kind) -> Inbound:
     n = _int_field(body, "n", minimum=1) or 1
     if n > MAX_N:
         raise _bad(f"'n' must be at most {MAX_N}, got {n}", "n")
-    max_out = _int_field(body, "max_completion_tokens", minimum=1)
-    if max_out is None:
-        max_out = _int_field(body, "max_tokens", minimum=1)
+    if body.get("stream_options") and not stream:
+        # vLLM refuses it too (400); caught here, it costs no reservation.
+        raise _bad("Stream options can only be defined when `stream=True`.", "stream_options")
     if kind == "chat":
+        max_out = _int_field(body, "max_completion_tokens", minimum=1)
+        if max_out is None:
+            max_out = _int_field(body, "max_tokens", minimum=1)
         return Inbound(
             kind, model, stream, n, max_out, messages=_check_messages(body.get("messages"))
         )
     if "prompt" not in body:
         raise _bad("you must provide a 'prompt'", "prompt")
-    return Inbound(kind, model, stream, n, max_out, prompt=_check_prompt(body["prompt"]))
+    # vLLM's completions read `max_tokens` only (`max_completion_tokens` is a chat field).
+    max_out = _int_field(body, "max_tokens", minimum=1)
+    default = COMPLETIONS_DEFAULT_MAX_TOKENS if "max_tokens" not in body else None
+    return Inbound(
+        kind,
+        model,
+        stream,
+        n,
+        max_out,
+        prompt=_check_prompt(body["prompt"]),
+        default_output_tokens=default,
+    )

@@ -59,6 +59,9 @@ class GenerationRequest:
     include_usage: bool
     ignore_eos: bool
     seed: int | None
+    # The limit when ``max_tokens`` is None: 16 for completions that left it out (vLLM's
+    # default), None (up to ``max_model_len``) for chat and for an explicit null.
+    default_max_tokens: int | None = None
 
 
 def parse_json(raw: bytes) -> dict[str, Any]:
@@ -122,6 +125,11 @@ def parse_generation(
         include_usage=include_usage,
         ignore_eos=_optional_bool(body, "ignore_eos") or False,
         seed=_optional_int(body, "seed"),
+        default_max_tokens=(
+            COMPLETIONS_DEFAULT_MAX_TOKENS
+            if kind == "completion" and "max_tokens" not in body
+            else None
+        ),
     )
 
 
@@ -131,7 +139,8 @@ def output_budget(request: GenerationRequest, num_prompt_tokens: int, max_model_
     A prompt alone reaching ``max_model_len``, or an explicit ``max_tokens`` that does not fit
     beside the prompt, is a 400 (vLLM 0.32 clamps the latter instead; most versions answer
     400). An omitted ``max_tokens`` means up to ``max_model_len`` for chat, and 16 (clamped to
-    what fits) for completions, as in vLLM.
+    what fits) for completions, as in vLLM; ``"max_tokens": null`` means up to
+    ``max_model_len`` for both.
     """
     if num_prompt_tokens >= max_model_len:
         raise bad_request(
@@ -141,7 +150,8 @@ def output_budget(request: GenerationRequest, num_prompt_tokens: int, max_model_
         )
     room = max_model_len - num_prompt_tokens
     if request.max_tokens is None:
-        return room if request.kind == "chat" else min(COMPLETIONS_DEFAULT_MAX_TOKENS, room)
+        default = request.default_max_tokens
+        return room if default is None else min(default, room)
     if request.max_tokens > room:
         raise bad_request(
             f"This model's maximum context length is {max_model_len} tokens. However, you "

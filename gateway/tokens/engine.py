@@ -90,8 +90,9 @@ def _count_from(status: int, text: str, url: str) -> int:
     except ValueError:
         data = None
     if status != 200:
+        detail = _error_message(data, text)
         raise EngineTokenizeError(
-            f"{url} answered HTTP {status}: {_error_message(data, text)}", status=status
+            f"{url} answered HTTP {status}: {detail}", status=status, detail=detail
         )
     count = data.get("count") if isinstance(data, dict) else None
     if not isinstance(count, int) or isinstance(count, bool) or count < 0:

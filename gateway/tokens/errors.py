@@ -29,11 +29,17 @@ class PromptTypeError(TokenCountError, ValueError):
 class EngineTokenizeError(TokenCountError):
     """No engine answered ``POST /tokenize`` usefully: every URL failed (``attempts`` says how),
     or an engine answered 4xx (``status``; its message is in the text) or a body without a
-    valid ``count``."""
+    valid ``count``. ``detail`` is the engine's own error message, without its URL."""
 
     def __init__(
-        self, message: str, *, status: int | None = None, attempts: tuple[str, ...] = ()
+        self,
+        message: str,
+        *,
+        status: int | None = None,
+        attempts: tuple[str, ...] = (),
+        detail: str | None = None,
     ) -> None:
         super().__init__(message)
         self.status = status
         self.attempts = attempts
+        self.detail = detail

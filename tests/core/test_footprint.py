@@ -51,3 +51,20 @@ def test_context_overflow_messages_carry_numbers():
     assert context_overflow(RequestShape((3000,), 1000, 1), 4096) is None
     assert context_overflow(RequestShape((4096,), None, 1), 4096) is not None  # no room at all
     assert context_overflow(RequestShape((4000,), None, 1), 4096) is None
+
+
+@pytest.mark.parametrize(
+    ("prompt", "max_len", "budget"),
+    [
+        (100, 2048, 16),  # vLLM's completions default
+        (2040, 2048, 8),  # clamped to what fits (vLLM does not refuse its own default)
+        (2048, 2048, 0),
+    ],
+)
+def test_an_engine_default_is_clamped_to_the_context(prompt, max_len, budget):
+    assert output_budget(prompt, None, max_len, default=16) == budget
+    shape = RequestShape((prompt,), None, 1, default_output_tokens=16)
+    assert footprint(shape, 16, max_len).tokens == prompt + budget
+    # What the client asked for explicitly wins over any default.
+    assert output_budget(prompt, 5, max_len, default=16) == 5
+    assert output_budget(prompt, None, max_len) == max_len - prompt

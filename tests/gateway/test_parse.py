@@ -25,6 +25,34 @@ def test_chat_fields():
     )
 
 
+def test_completions_default_to_16_output_tokens_as_vllm_does():
+    left_out = parse_body(body(model="m", prompt="hi"), "completion")
+    assert (left_out.max_output_tokens, left_out.default_output_tokens) == (None, 16)
+    # An explicit null: vLLM generates up to the end of the context.
+    null = parse_body(body(model="m", prompt="hi", max_tokens=None), "completion")
+    assert (null.max_output_tokens, null.default_output_tokens) == (None, None)
+    given = parse_body(body(model="m", prompt="hi", max_tokens=40), "completion")
+    assert (given.max_output_tokens, given.default_output_tokens) == (40, None)
+    # vLLM's completions have no `max_completion_tokens`: the engine ignores it, and so do we.
+    chat_field = parse_body(
+        body(model="m", prompt="hi", max_tokens=2000, max_completion_tokens=10), "completion"
+    )
+    assert chat_field.max_output_tokens == 2000
+    # Chat has no such default: left out means up to the end of the context.
+    chat = parse_body(body(model="m", messages=[{"role": "user", "content": "x"}]), "chat")
+    assert (chat.max_output_tokens, chat.default_output_tokens) == (None, None)
+
+
+@pytest.mark.parametrize("kind", ["chat", "completion"])
+def test_stream_options_without_stream_are_refused_as_vllm_does(kind):
+    fields = {"messages": [{"role": "user", "content": "x"}]} if kind == "chat" else {"prompt": "x"}
+    with pytest.raises(BadRequest, match="stream=True") as err:
+        parse_body(body(model="m", stream_options={"include_usage": True}, **fields), kind)
+    assert err.value.body()["error"]["param"] == "stream_options"
+    # Empty options are falsy to vLLM too: accepted.
+    assert parse_body(body(model="m", stream_options={}, **fields), kind).stream is False
+
+
 def test_max_completion_tokens_wins_over_max_tokens():
     inbound = parse_body(
         body(

@@ -214,3 +214,24 @@ async def test_streams_filling_the_upstream_pool_do_not_hold_back_token_counts()
             assert seqs == 2  # counted and admitted while the stream holds the only connection
         r = await second
         assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 2
+
+
+async def test_a_request_the_engine_refuses_to_count_is_400_not_502():
+    """With the `engine` counter, an engine's 400 from /tokenize (its chat template or its
+    parser refused the messages) is the client's error, with the engine's reason — not an
+    engine failure that clients would retry."""
+    async with (
+        gateway_over([FAST], models=[{"name": "tiny", "tokenizer": "engine"}]) as gw,
+        httpx.AsyncClient(timeout=30) as http,
+    ):
+        image = {"type": "image_url", "image_url": {"url": "http://example.invalid/a.png"}}
+        messages = [{"role": "user", "content": [image]}]
+        r = await http.post(
+            gw.url + "/v1/chat/completions",
+            json={"model": "tiny", "messages": messages, "max_tokens": 4},
+        )
+        assert r.status_code == 400, r.text
+        error = r.json()["error"]
+        assert error["param"] == "messages" and "image_url" in error["message"]
+        assert "127.0.0.1" not in error["message"]  # the engine's address stays private
+        assert all(e["reserved_blocks"] == 0 for e in (await gw.status())["engines"])

@@ -157,6 +157,12 @@ async def test_chat_without_max_tokens_may_use_the_whole_context(
         reply = (await client.post(f"{url}/v1/chat/completions", json=body)).json()
         usage = reply["usage"]
         assert usage["prompt_tokens"] + usage["completion_tokens"] == 64
+        # A completion's explicit `"max_tokens": null` is the same: up to the context's end
+        # (only a left-out field means vLLM's default of 16).
+        body = {"model": "tiny", "prompt": "x", "max_tokens": None, "ignore_eos": True}
+        reply = (await client.post(f"{url}/v1/completions", json=body)).json()
+        usage = reply["usage"]
+        assert usage["prompt_tokens"] + usage["completion_tokens"] == 64
 
 
 def _error(status: int, error_type: str, message: str) -> tuple[int, str, str]:
