@@ -87,23 +87,27 @@ class Scheduler:
         """A lease on some engine, after waiting if needed; raises `RateLimited` (429), or
         `NoEngine` (503) when none of the request's engines is healthy."""
         self._require_healthy(ask)
-        first = await self._try(ask, queued=False)
-        if isinstance(first, Lease):
-            return first
-        await self._refuse_unless_waitable(ask, first)
-        entry = QueueEntry(ask.id, ask.tenant, ask.engines, ask.blocks, self.max_wait_s)
-        verdict = await self.store.enqueue(entry, self.max_length)
-        if verdict != "queued":
-            who = "the gateway's" if verdict == "queue_full" else f"tenant {ask.tenant.name}'s"
-            raise RateLimited(
-                f"{who} queue is full; no engine has room for this request's "
-                f"{ask.blocks} KV blocks now.",
-                code="queue_full",
-                retry=await self._advice(ask),
-            )
-        deadline = self.clock() + self.max_wait_s
-        placed = False
+        # `leftover`: something of this ask may be in the store (a queue entry, or a lease
+        # written by a call the client's departure cut short); handed back unless placed.
+        placed = leftover = False
         try:
+            first = await self._try(ask, queued=False)
+            if isinstance(first, Lease):
+                placed = True
+                return first
+            await self._refuse_unless_waitable(ask, first)
+            entry = QueueEntry(ask.id, ask.tenant, ask.engines, ask.blocks, self.max_wait_s)
+            verdict = await self.store.enqueue(entry, self.max_length)
+            if verdict != "queued":
+                who = "the gateway's" if verdict == "queue_full" else f"tenant {ask.tenant.name}'s"
+                raise RateLimited(
+                    f"{who} queue is full; no engine has room for this request's "
+                    f"{ask.blocks} KV blocks now.",
+                    code="queue_full",
+                    retry=await self._advice(ask),
+                )
+            leftover = True
+            deadline = self.clock() + self.max_wait_s
             while True:
                 result = await self._try(ask, queued=True)
                 if isinstance(result, Lease):
@@ -120,11 +124,13 @@ class Scheduler:
                         retry=await self._advice(ask),
                     )
                 await self.store.wait_for_change(min(remaining, POLL_S))
+        except asyncio.CancelledError:
+            leftover = True  # a store call may have been cut short after it took effect
+            raise
         finally:
-            if not placed:
-                # Leaving without a lease (timeout, refusal, or the client went away). If a
-                # store call was cut short by cancellation, a lease may exist anyway: release
-                # by id is idempotent, so hand back whatever there is.
+            if leftover and not placed:
+                # Leaving without a lease (timeout, refusal, or the client went away):
+                # dequeue and release by id are idempotent, so hand back whatever there is.
                 await asyncio.shield(self._abandon(ask.id))
 
     async def extend(self, lease: Lease, blocks: int) -> Lease:

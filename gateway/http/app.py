@@ -106,6 +106,13 @@ async def status(request: Request) -> Response:
     )
 
 
+async def gateway_error(request: Request, exc: Exception) -> Response:
+    """The gateway's own errors outside the completions path (e.g. Redis unreachable while
+    `/admin/status` reads it) in the OpenAI shape, with their status."""
+    assert isinstance(exc, GatewayError)
+    return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
+
+
 async def http_error(request: Request, exc: Exception) -> Response:
     """Starlette's own errors (unknown route, wrong method) in the OpenAI shape too."""
     assert isinstance(exc, HTTPException)
@@ -163,6 +170,8 @@ def create_app(cfg: GatewayConfig, runtime: Runtime | None = None) -> GatewayApp
         Route("/admin/status", status, methods=["GET"]),
     ]
     starlette = Starlette(
-        routes=routes, lifespan=lifespan, exception_handlers={HTTPException: http_error}
+        routes=routes,
+        lifespan=lifespan,
+        exception_handlers={HTTPException: http_error, GatewayError: gateway_error},
     )
     return GatewayApp(starlette, hot)

@@ -101,6 +101,9 @@ class CompletionsEndpoint:
             runtime.metrics.requests.labels(call.model, call.outcome).inc()
             if call.lease is not None:
                 used = call.meter.total_tokens() if call.meter is not None else None
+                if used is None and call.outcome != "200":
+                    # No answer, or the engine's error: nothing generated, nothing charged.
+                    used = 0
                 if call.completed and call.meter is not None and call.admitted is not None:
                     generated = call.meter.completion_tokens()
                     if generated is not None:
@@ -129,7 +132,9 @@ class CompletionsEndpoint:
         except UpstreamUnavailable as e:
             runtime.monitor.eject(admitted.engine.name, e.message)
             lease, call.lease = call.lease, None
-            await runtime.service.release(lease)
+            # The engine never saw it: its tokens come back before they are charged again.
+            # Shielded: a client leaving now must not lose the release.
+            await asyncio.shield(runtime.service.release(lease, 0))
             admitted = await runtime.service.admit(
                 inbound,
                 call.tenant,

@@ -10,6 +10,7 @@ from starlette.types import Send
 
 from gateway.core.types import TenantPolicy
 from gateway.errors import GatewayError
+from gateway.state.errors import StateUnavailable
 
 if TYPE_CHECKING:
     from gateway.runtime import Runtime
@@ -58,7 +59,10 @@ async def rate_limit_headers(
         return []
     state = lease.rates if lease is not None and lease.rates is not None else None
     if state is None:
-        state = await runtime.store.rate_limits(tenant)
+        try:
+            state = await runtime.store.rate_limits(tenant)
+        except StateUnavailable:  # advisory headers: not worth failing the answer for
+            return []
     out: list[tuple[bytes, bytes]] = []
     for kind, limit, remaining, reset in (
         ("requests", state.limit_requests, state.remaining_requests, state.reset_requests_s),

@@ -6,9 +6,13 @@ read from the store and the pool when scraped.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from gateway.core.types import EngineLoad
+from gateway.state.errors import StateUnavailable
 
 if TYPE_CHECKING:
     from gateway.runtime import Runtime
@@ -74,6 +78,12 @@ class GatewayMetrics:
             ["engine"],
             registry=self.registry,
         )
+        self.state_up = Gauge(
+            "kv_gateway_state_up",
+            "1 while the state store answers (always, in-process); 0 while Redis cannot be "
+            "reached: the reserved and queue gauges then keep their last values.",
+            registry=self.registry,
+        )
         self.extended_blocks = Counter(
             "kv_gateway_extended_blocks",
             "KV blocks added to the leases of streams that outgrew a predicted reservation.",
@@ -90,13 +100,21 @@ class GatewayMetrics:
         )
 
     async def render(self, runtime: Runtime) -> bytes:
-        loads = await runtime.store.loads()
-        self.queue_length.set(await runtime.store.queue_length())
+        # Scraped most when something is wrong: an unreachable Redis leaves the gauges read
+        # from it at their last values and says so, rather than failing the scrape.
+        loads: Mapping[str, EngineLoad] | None
+        try:
+            loads = await runtime.store.loads()
+            self.queue_length.set(await runtime.store.queue_length())
+        except StateUnavailable:
+            loads = None
+        self.state_up.set(0 if loads is None else 1)
         for state in runtime.pool:
             name = state.spec.name
-            load = loads.get(name)
-            self.reserved_blocks.labels(name).set(load.reserved_blocks if load else 0)
-            self.reserved_seqs.labels(name).set(load.reserved_seqs if load else 0)
+            if loads is not None:
+                load = loads.get(name)
+                self.reserved_blocks.labels(name).set(load.reserved_blocks if load else 0)
+                self.reserved_seqs.labels(name).set(load.reserved_seqs if load else 0)
             self.capacity_blocks.labels(name).set(
                 state.spec.capacity_blocks(runtime.cfg.admission.kv_ceiling)
             )

@@ -2,6 +2,7 @@
 
 import asyncio
 import contextlib
+import hashlib
 import time
 
 import httpx
@@ -206,12 +207,27 @@ async def test_connection_failure_before_first_byte_fails_over_once():
         engines = [{"name": "a", "url": a.url}, {"name": "b", "url": b.url}]
         # Scrapes rarely: the gateway learns of a's death from the proxy, not the monitor.
         health = {"scrape_interval_s": 30, "timeout_s": 1}
-        async with gateway(engines, health=health) as (url, _), httpx.AsyncClient() as http:
+        tenants = [
+            {"name": name, "api_keys": [hashlib.sha256(name.encode()).hexdigest()], "tpm": 600}
+            for name in ("moved", "direct")
+        ]
+        async with (
+            gateway(engines, health=health, tenants=tenants) as (url, _),
+            httpx.AsyncClient() as http,
+        ):
             a.kill()  # a has the most free blocks: it is picked first
+            body = {"model": "tiny", "prompt": "x", "max_tokens": 2}
             r = await http.post(
-                url + "/v1/completions", json={"model": "tiny", "prompt": "x", "max_tokens": 2}
+                url + "/v1/completions", json=body, headers={"authorization": "Bearer moved"}
             )
             assert r.status_code == 200 and r.headers["x-kv-gateway-engine"] == "b"
             after = await status(http, url)
             assert not after["a"]["healthy"]
             assert after["a"]["reserved_blocks"] == 0 and after["b"]["reserved_blocks"] == 0
+            # The tokens charged on a came back before b charged them: the moved request
+            # left its tenant what the same request, sent straight to b, leaves another.
+            direct = await http.post(
+                url + "/v1/completions", json=body, headers={"authorization": "Bearer direct"}
+            )
+            remaining = "x-ratelimit-remaining-tokens"
+            assert r.headers[remaining] == direct.headers[remaining], (r.headers, direct.headers)

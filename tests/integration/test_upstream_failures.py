@@ -2,6 +2,7 @@
 
 import asyncio
 import contextlib
+import hashlib
 import json
 
 import httpx
@@ -52,10 +53,11 @@ def misbehaving_engine() -> Starlette:
 
 
 @contextlib.asynccontextmanager
-async def gateway_in_front():
+async def gateway_in_front(**extra):
     async with running_app(misbehaving_engine()) as engine:
         cfg = parse_config(
             {
+                **extra,
                 "engines": [
                     {
                         "name": "odd",
@@ -123,3 +125,22 @@ async def test_engine_500_is_502_in_openai_shape():
         )
         assert ok.status_code == 200 and ok.json()["choices"][0]["text"] == "ok"
         assert await reserved(http, url) == 0
+
+
+async def test_an_engine_error_charges_the_tenant_no_tokens():
+    """Tokens are charged up front and refunded to the usage; an engine's error answer has
+    none, and it generated nothing: the whole charge comes back. With 12 tokens a minute and
+    about 5 charged per request, a third failed request would be a 429 without the refund."""
+    key = "key-t"
+    tenant = {"name": "t", "api_keys": [hashlib.sha256(key.encode()).hexdigest()], "tpm": 12}
+    async with gateway_in_front(tenants=[tenant]) as url, httpx.AsyncClient(timeout=10) as http:
+        auth = {"authorization": f"Bearer {key}"}
+        body = {"model": "tiny", "prompt": "fail", "max_tokens": 4}
+        codes = [
+            (await http.post(url + "/v1/completions", json=body, headers=auth)).status_code
+            for _ in range(4)
+        ]
+        assert codes == [502] * 4
+        fine = await http.post(url + "/v1/completions", json=body | {"prompt": "ok"}, headers=auth)
+        assert fine.status_code == 200
+        assert int(fine.headers["x-ratelimit-remaining-tokens"]) >= 12 - 6

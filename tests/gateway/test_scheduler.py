@@ -1,0 +1,113 @@
+"""The scheduler hands back what a departed client left in the store, whatever call it left in.
+
+A store call over the network (Redis) can take effect and then be cut short by the client's
+departure before its answer arrives: the lease or queue entry exists, the scheduler never
+learned of it. These tests slow the in-process store down after each call took effect, cancel
+the request there, and look at what stays behind.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+
+import pytest
+
+from gateway.core.retry import ReleaseRate
+from gateway.core.routing import Router
+from gateway.core.types import EngineSpec, Footprint
+from gateway.engines.pool import EnginePool
+from gateway.errors import RateLimited
+from gateway.scheduler import Ask, Scheduler
+from gateway.state.base import AdmissionAsk, Lease, QueueEntry, QueueVerdict, Refusal
+from gateway.state.memory import InMemoryStore
+
+ENGINE = EngineSpec("e", "http://e", frozenset({"m"}), 11, 16, 8, 2048)  # 10 usable blocks
+
+
+class SlowAnswers(InMemoryStore):
+    """Each admission or enqueue takes effect at once; its answer comes `delay_s` later."""
+
+    def __init__(self, delay_s: float) -> None:
+        super().__init__(Router(), random.Random(0))
+        self.delay_s = delay_s
+        self.calls: list[str] = []
+        self.took_effect = {"admit": asyncio.Event(), "enqueue": asyncio.Event()}
+
+    async def try_admit(self, ask: AdmissionAsk) -> Lease | Refusal:
+        result = await super().try_admit(ask)
+        self.calls.append("admit")
+        self.took_effect["admit"].set()
+        await asyncio.sleep(self.delay_s)
+        return result
+
+    async def enqueue(self, entry: QueueEntry, max_length: int) -> QueueVerdict:
+        verdict = await super().enqueue(entry, max_length)
+        self.calls.append("enqueue")
+        self.took_effect["enqueue"].set()
+        await asyncio.sleep(self.delay_s)
+        return verdict
+
+    async def dequeue(self, entry_id: str) -> None:
+        self.calls.append("dequeue")
+        await super().dequeue(entry_id)
+
+    async def release(self, lease: Lease, used_tokens: int | None = None) -> bool:
+        self.calls.append("release")
+        return await super().release(lease, used_tokens)
+
+
+def scheduler(store: InMemoryStore) -> Scheduler:
+    return Scheduler(
+        store=store,
+        pool=EnginePool([ENGINE]),
+        kv_ceiling=1.0,
+        max_length=10,
+        max_wait_s=5.0,
+        retry_fallback_s=1.0,
+        rate=ReleaseRate(10.0),
+    )
+
+
+def ask(blocks: int) -> Ask:
+    return Ask(id=f"ask-{random.random()}", needs={"e": Footprint(blocks, 1, blocks * 16)})
+
+
+async def cancel_after(store: SlowAnswers, call: str, coro: object) -> None:
+    task = asyncio.ensure_future(coro)  # type: ignore[arg-type]
+    await store.took_effect[call].wait()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+
+
+async def test_a_lease_granted_as_the_client_left_is_released():
+    store = SlowAnswers(delay_s=0.5)
+    await cancel_after(store, "admit", scheduler(store).admit(ask(4)))
+    assert await store.loads() == {}
+
+
+async def test_a_queue_entry_made_as_the_client_left_is_removed():
+    store = SlowAnswers(delay_s=0.0)
+    sched = scheduler(store)
+    held = await sched.admit(ask(8))  # the engine is full for the next one: it queues
+    store.delay_s = 0.5
+    await cancel_after(store, "enqueue", sched.admit(ask(8)))
+    assert await store.queue_length() == 0
+    await sched.release(held)
+    assert await store.loads() == {}
+
+
+async def test_a_refusal_at_once_costs_no_clean_up_calls():
+    """The clean-up is for calls cut short; a request refused on its first try (here: the
+    queue is full) leaves nothing behind and costs no more store calls."""
+    store = SlowAnswers(delay_s=0.0)
+    sched = scheduler(store)
+    sched.max_length = 0
+    held = await sched.admit(ask(8))
+    calls = len(store.calls)
+    with pytest.raises(RateLimited):
+        await sched.admit(ask(8))
+    assert store.calls[calls:] == ["admit", "enqueue"]
+    assert await store.queue_length() == 0
+    await sched.release(held)

@@ -1,0 +1,69 @@
+"""Redis unreachable: the gateway's own endpoints still answer, in the OpenAI shape.
+
+`/metrics` is scraped most when something is wrong: it keeps answering, says the state is
+down (`kv_gateway_state_up 0`) and keeps the gauges read from Redis at their last values.
+`/admin/status` and the completions answer 503 as JSON (`fail_closed`), never a bare 500.
+"""
+
+import asyncio
+import types
+import uuid
+
+import httpx
+import pytest
+
+from gateway.core.types import TenantPolicy
+from gateway.http.errors import rate_limit_headers
+from gateway.state.errors import StateUnavailable
+from tests.integration.conftest import FAST, gateway_over
+from tests.state.tcp_proxy import TcpProxy
+
+pytestmark = pytest.mark.redis
+
+
+def gauge(text: str, name: str) -> float:
+    (line,) = [x for x in text.splitlines() if x.startswith(name + " ")]
+    return float(line.split()[1])
+
+
+async def test_endpoints_answer_while_redis_is_unreachable():
+    proxy = TcpProxy()
+    await proxy.start()
+    redis = {"url": proxy.url, "key_prefix": f"t{uuid.uuid4().hex[:10]}", "timeout_s": 0.5}
+    try:
+        async with gateway_over([FAST], redis=redis) as gw, httpx.AsyncClient(timeout=10) as http:
+            up = await http.get(gw.url + "/metrics")
+            assert up.status_code == 200 and gauge(up.text, "kv_gateway_state_up") == 1
+            await proxy.stop()
+
+            down = await http.get(gw.url + "/metrics")
+            assert down.status_code == 200
+            assert gauge(down.text, "kv_gateway_state_up") == 0
+            assert gauge(down.text, 'kv_gateway_engine_healthy{engine="e0"}') == 1
+
+            status = await http.get(gw.url + "/admin/status")
+            assert status.status_code == 503
+            assert status.json()["error"]["type"] == "service_unavailable"
+
+            body = {"model": "tiny", "prompt": "x", "max_tokens": 2}
+            refused = await http.post(gw.url + "/v1/completions", json=body)
+            assert refused.status_code == 503 and refused.json()["error"]["message"]
+
+            await proxy.start()  # same port: it resumes
+            for _ in range(50):
+                back = await http.get(gw.url + "/metrics")
+                if gauge(back.text, "kv_gateway_state_up") == 1:
+                    break
+                await asyncio.sleep(0.1)  # past the store's back-off
+            assert gauge(back.text, "kv_gateway_state_up") == 1
+    finally:
+        await proxy.stop()
+
+
+async def test_rate_limit_headers_are_left_out_when_the_store_cannot_say():
+    class Down:
+        async def rate_limits(self, tenant):
+            raise StateUnavailable("redis unreachable")
+
+    runtime = types.SimpleNamespace(store=Down())
+    assert await rate_limit_headers(runtime, TenantPolicy("t", rpm=5)) == []  # type: ignore[arg-type]
