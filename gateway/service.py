@@ -33,7 +33,9 @@ class Admitted:
 
     @property
     def prompt_tokens(self) -> int:
-        return sum(self.shape.prompt_tokens) * self.shape.n
+        """The request's prompt tokens as vLLM's `usage` counts them: each prompt once,
+        whatever `n`."""
+        return sum(self.shape.prompt_tokens)
 
 
 class Service:
@@ -71,7 +73,8 @@ class Service:
         otherwise. Pass the `shape` of an earlier admission to skip counting again."""
         serving = self.pool.serving(inbound.model)
         if not serving:
-            raise ModelNotFound(f"The model `{inbound.model}` does not exist.", param="model")
+            name = inbound.model if len(inbound.model) <= 200 else inbound.model[:200] + "…"
+            raise ModelNotFound(f"The model `{name}` does not exist.", param="model")
         engines = [e.spec for e in serving if e.spec.name not in exclude]
         if not engines:
             raise UpstreamUnavailable(f"no other engine serves `{inbound.model}`")

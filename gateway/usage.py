@@ -4,7 +4,8 @@ Tokens are charged against a tenant's TPM up front (the worst case) and refunded
 actual usage afterwards. A non-streaming answer carries `usage`; a stream carries it in its
 last event only when the client asked for `stream_options.include_usage`; otherwise the
 completion tokens are counted as the stream's content events (vLLM sends one token per
-event per choice), which is close but not exact.
+event per choice, after an opening event per choice that carries only the role), which is
+close but not exact; the prompt is counted once per prompt, as vLLM's `usage` does.
 """
 
 from __future__ import annotations
@@ -12,7 +13,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-MAX_BODY = 1 << 20  # non-streaming answers larger than this are not parsed for usage
+MAX_BODY = 1 << 20  # whole answers up to this size are parsed as JSON for their usage
+TAIL = 64 << 10  # of a larger one only its end is kept, where vLLM writes `usage`
 
 
 class UsageMeter:
@@ -20,6 +22,7 @@ class UsageMeter:
         self.streaming = streaming
         self.prompt_tokens = prompt_tokens
         self._body = bytearray()
+        self._too_big = False  # then `_body` holds only the answer's last TAIL bytes
         self._events = 0
         self._reported: _Usage | None = None
         self._parsed: tuple[_Usage | None] | None = None  # a whole answer's, once parsed
@@ -27,8 +30,10 @@ class UsageMeter:
 
     def feed(self, chunk: bytes) -> None:
         if not self.streaming:
-            if len(self._body) <= MAX_BODY:
-                self._body += chunk
+            self._body += chunk
+            if len(self._body) > MAX_BODY or self._too_big:
+                self._too_big = True
+                del self._body[:-TAIL]
             return
         data = self._tail + chunk
         *events, self._tail = data.split(b"\n\n")
@@ -46,6 +51,8 @@ class UsageMeter:
             if usage is not None:
                 self._reported = usage
                 return
+        if b'"role"' in payload and b'"content":""' in payload:
+            return  # a chat stream's opening event per choice: no token yet
         self._events += 1
 
     @property
@@ -58,7 +65,8 @@ class UsageMeter:
     def _whole(self) -> _Usage | None:
         """The `usage` of a whole (non-streamed) answer, parsed once when first asked."""
         if self._parsed is None:
-            self._parsed = (_usage(bytes(self._body)),)
+            body = bytes(self._body)
+            self._parsed = (_usage_in_tail(body) if self._too_big else _usage(body),)
         return self._parsed[0]
 
     def total_tokens(self) -> int | None:
@@ -94,6 +102,21 @@ def _usage(payload: bytes) -> _Usage | None:
         return None
     got = _Usage(_count(usage.get("total_tokens")), _count(usage.get("completion_tokens")))
     return None if got == _Usage(None, None) else got
+
+
+def _usage_in_tail(tail: bytes) -> _Usage | None:
+    """The last `"usage": {...}` object in the end of a large JSON answer."""
+    at = tail.rfind(b'"usage"')
+    if at < 0:
+        return None
+    start = tail.find(b"{", at)
+    if start < 0:
+        return None
+    try:
+        usage, _ = json.JSONDecoder().raw_decode(tail[start:].decode(errors="replace"))
+    except ValueError:
+        return None
+    return _usage(json.dumps({"usage": usage}).encode())
 
 
 def _count(x: object) -> int | None:

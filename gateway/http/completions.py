@@ -19,7 +19,7 @@ import aiohttp
 from starlette.types import Receive, Scope, Send
 
 from gateway.core.types import EngineSpec, TenantPolicy
-from gateway.errors import GatewayError, RateLimited, UpstreamUnavailable
+from gateway.errors import GatewayError, ModelNotFound, RateLimited, UpstreamUnavailable
 from gateway.http.errors import rate_limit_headers, send_error, sse_error_event
 from gateway.http.parse import Inbound, Kind, parse_body
 from gateway.proxy import UpstreamResponse
@@ -31,6 +31,8 @@ from gateway.usage import UsageMeter
 log = logging.getLogger(__name__)
 
 PATHS: dict[Kind, str] = {"chat": "/v1/chat/completions", "completion": "/v1/completions"}
+# The `model` label of requests naming a model no engine serves.
+UNKNOWN_MODEL = "unknown"
 # Response headers passed from the engine to the client.
 PASS_BACK = (b"content-type", b"content-length", b"content-encoding", b"cache-control")
 
@@ -87,6 +89,9 @@ class CompletionsEndpoint:
                 await response.aclose()
         except GatewayError as e:
             call.outcome = e.code or str(e.status)
+            if isinstance(e, ModelNotFound):
+                # Any string a client sends would otherwise become a metric label forever.
+                call.model = UNKNOWN_MODEL
             if isinstance(e, RateLimited) and not call.started:
                 extra = await rate_limit_headers(runtime, call.tenant)
                 e.headers.update((k.decode(), v.decode()) for k, v in extra)

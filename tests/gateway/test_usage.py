@@ -72,3 +72,35 @@ def test_a_whole_answer_is_parsed_once(monkeypatch):
     m.feed(json.dumps({"usage": {"completion_tokens": 4, "total_tokens": 7}}).encode())
     assert (m.total_tokens(), m.completion_tokens(), m.total_tokens()) == (7, 4, 7)
     assert len(calls) == 1
+
+
+def test_a_chat_streams_opening_role_events_are_not_tokens():
+    """vLLM opens a chat stream with one role-only event per choice (`content` empty)."""
+    m = UsageMeter(streaming=True, prompt_tokens=10)
+    opening = [
+        {"choices": [{"index": i, "delta": {"role": "assistant", "content": ""}}]} for i in (0, 1)
+    ]
+    tokens = [{"choices": [{"index": i % 2, "delta": {"content": "x"}}]} for i in range(6)]
+    # pydantic's compact JSON, as vLLM writes it
+    events = [json.dumps(e, separators=(",", ":")).encode() for e in opening + tokens]
+    m.feed(sse(*events, b"[DONE]"))
+    assert m.completion_tokens() == 6
+    assert m.total_tokens() == 16
+
+
+def test_a_whole_answer_over_the_parse_limit_still_gives_its_usage():
+    """Large answers (n × long outputs with logprobs) are where usage matters most; vLLM
+    writes `usage` after the choices, so the meter keeps the answer's end."""
+    from gateway.usage import MAX_BODY
+
+    big = "x" * (2 * MAX_BODY)
+    body = json.dumps(
+        {
+            "choices": [{"text": big, "logprobs": {"tokens": ['"usage"']}}],
+            "usage": {"prompt_tokens": 10, "completion_tokens": 4000, "total_tokens": 4010},
+        }
+    ).encode()
+    m = UsageMeter(streaming=False, prompt_tokens=10)
+    for i in range(0, len(body), 65_536):
+        m.feed(body[i : i + 65_536])
+    assert (m.total_tokens(), m.completion_tokens()) == (4010, 4000)

@@ -162,6 +162,7 @@ async def test_gateway_metrics_count_outcomes_and_state():
             gw.url + "/v1/completions", json={"model": "tiny", "prompt": "x", "max_tokens": 2}
         )
         await http.post(gw.url + "/v1/completions", json={"model": "nope", "prompt": "x"})
+        await http.post(gw.url + "/v1/completions", json={"model": "n" * 5000, "prompt": "x"})
         page = (await http.get(gw.url + "/metrics")).text
     samples = {
         (s.name, tuple(sorted(s.labels.items()))): s.value
@@ -169,10 +170,14 @@ async def test_gateway_metrics_count_outcomes_and_state():
         for s in family.samples
     }
     assert samples[("kv_gateway_requests_total", (("model", "tiny"), ("outcome", "200")))] == 1
+    # Unknown models share one label value: a client cannot grow the metrics without bound.
     assert (
-        samples[("kv_gateway_requests_total", (("model", "nope"), ("outcome", "model_not_found")))]
-        == 1
+        samples[
+            ("kv_gateway_requests_total", (("model", "unknown"), ("outcome", "model_not_found")))
+        ]
+        == 2
     )
+    assert not any(labels and ("model", "nope") in labels for _, labels in samples)
     assert samples[("kv_gateway_reserved_blocks", (("engine", "e0"),))] == 0
     assert samples[("kv_gateway_engine_healthy", (("engine", "e0"),))] == 1
     assert samples[("kv_gateway_admission_wait_seconds_count", (("model", "tiny"),))] == 1

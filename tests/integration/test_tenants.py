@@ -88,3 +88,24 @@ async def test_ratelimit_headers_of_a_granted_request_come_with_its_admission():
     assert r.headers["x-ratelimit-remaining-requests"] == "4"
     assert r.headers["x-ratelimit-limit-tokens"] == "1000"
     assert r.headers["x-ratelimit-remaining-tokens"] == str(1000 - (4 + 50))  # charged up front
+
+
+async def test_a_stream_without_usage_is_refunded_to_what_it_used():
+    """Charged up front for the worst case (n × (prompt + max_tokens) = 3 × (4 + 5) = 27),
+    a stream that does not ask for `usage` is refunded to what the gateway counted: the
+    prompt once, as vLLM counts it, plus one token per content event (15), so 19 stay
+    charged. With 60 tokens a minute (one back per second), the next request (4 + 5 = 9)
+    leaves 60 − 19 − 9 = 32."""
+    async with (
+        gateway_over([ENGINE], tenants=[tenant("s", tpm=60)]) as gw,
+        httpx.AsyncClient(timeout=30) as http,
+    ):
+        auth = {"authorization": "Bearer key-s"}
+        body = {"model": "tiny", "prompt": [1, 2, 3, 4], "max_tokens": 5, "ignore_eos": True}
+        stream = await http.post(
+            gw.url + "/v1/completions", json=body | {"n": 3, "stream": True}, headers=auth
+        )
+        assert stream.status_code == 200 and stream.text.count('"text"') == 15
+        after = await http.post(gw.url + "/v1/completions", json=body, headers=auth)
+        assert after.status_code == 200
+        assert 32 <= int(after.headers["x-ratelimit-remaining-tokens"]) <= 33
