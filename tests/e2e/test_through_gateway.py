@@ -146,7 +146,7 @@ async def test_hf_count_equals_vllm_tokenize(
 # decoding is often processed in one burst with the request's end and never shown.
 BLOCK_CASES = [(80, 88, 40, 1), (129, 136, 120, 2), (257, 270, 110, 3), (385, 400, 100, 4)]
 PROMPT_UNIT = "x = engine.step(block)\n"
-RUNS = 15
+RUNS = 30
 # Requests one after another in each run: on busy cores the gauge is refreshed seldom, and a
 # run is a window of three requests' length to catch it in (each alone in the engine).
 REPEATS = 3
