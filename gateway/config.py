@@ -210,6 +210,10 @@ class HealthConfig(_Strict):
     timeouts_to_eject: int = Field(default=2, ge=1)
     # An ejected engine is probed again after 1, 2, 4 … scrape intervals, at most this long.
     backoff_max_s: float = Field(default=30.0, gt=0)
+    # Probe timeouts do not count while the engine's answers keep arriving, for at most this
+    # long since it last answered a probe or started a new answer: an engine that only
+    # trickles old streams and takes no new work is then treated as any slow engine.
+    busy_grace_s: float = Field(default=30.0, ge=0)
 
 
 class GatewayConfig(_Strict):

@@ -97,8 +97,10 @@ class Scheduler:
                 return first
             await self._refuse_unless_waitable(ask, first)
             entry = QueueEntry(ask.id, ask.tenant, ask.engines, ask.blocks, self.max_wait_s)
+            leftover = True  # until the store says no: its answer may be lost (Redis timeout)
             verdict = await self.store.enqueue(entry, self.max_length)
             if verdict != "queued":
+                leftover = False
                 who = "the gateway's" if verdict == "queue_full" else f"tenant {ask.tenant.name}'s"
                 raise RateLimited(
                     f"{who} queue is full; no engine has room for this request's "
@@ -106,7 +108,6 @@ class Scheduler:
                     code="queue_full",
                     retry=await self._advice(ask),
                 )
-            leftover = True
             deadline = self.clock() + self.max_wait_s
             while True:
                 result = await self._try(ask, queued=True)

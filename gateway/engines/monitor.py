@@ -2,10 +2,11 @@
 
 A probe that fails (connection refused, `/health` not 200, a page that does not parse)
 ejects the engine from routing at once. A slow answer ejects it only after
-`timeouts_to_eject` in a row, and never while the engine is still sending the gateway's
-requests their answers and stream chunks (`EngineState.progress` moved during the probe):
-vLLM on a saturated host answers `/health` and renders `/metrics` late while it generates,
-and ejecting it then would fail every request queued for it. An ejected engine is probed
+`timeouts_to_eject` in a row, and not while the engine is still sending the gateway's
+requests their answers and stream chunks (`EngineState.progress` moved during the probe)
+and has started a new answer within `busy_grace_s`: vLLM on a saturated host answers
+`/health` and renders `/metrics` late while it generates, and ejecting it then would fail
+every request queued for it. An ejected engine is probed
 again after 1, 2, 4 … scrape intervals (at most `backoff_max_s`) and readmitted on the first
 success, after a fresh discovery — so an engine restarted with another KV size or context
 length is picked up without restarting the gateway. A healthy engine's scrape refreshes what
@@ -82,6 +83,7 @@ class EngineMonitor:
     async def probe(self, state: EngineState) -> None:
         name, url = state.spec.name, state.spec.url
         progress = state.progress
+        _note_new_work(state, self.clock())
         try:
             async with asyncio.timeout(self.cfg.timeout_s):
                 health = await self.client.get(url + "/health")
@@ -91,9 +93,12 @@ class EngineMonitor:
                     await self._rediscover(state)
                 page = parse_page((await self.client.get(url + "/metrics")).text)
         except TimeoutError:
-            if state.healthy and state.progress != progress:
-                # Its answers kept arriving meanwhile: busy, not hung. The last snapshot
-                # stays (admission still counts the gateway's own reservations on top).
+            now = self.clock()
+            _note_new_work(state, now)
+            busy = state.progress != progress and now - state.new_work_at <= self.cfg.busy_grace_s
+            if state.healthy and busy:
+                # Its answers kept arriving meanwhile, new ones included: busy, not hung. The
+                # last snapshot stays (admission still counts its own reservations on top).
                 log.info(
                     "engine %s: probe slower than %g s while serving", name, self.cfg.timeout_s
                 )
@@ -109,6 +114,7 @@ class EngineMonitor:
             return
         was_healthy = state.healthy
         state.suspect = 0
+        state.new_work_at = self.clock()  # answering probes again: the grace starts afresh
         if page.cache is not None:
             geometry = {
                 "num_gpu_blocks": page.cache.num_gpu_blocks,
@@ -140,6 +146,13 @@ class EngineMonitor:
             changes["models"] = frozenset(found.model_ids)
         if changes:
             self.pool.update_spec(state.spec.name, "rediscovered", **changes)
+
+
+def _note_new_work(state: EngineState, now: float) -> None:
+    """Remember when the engine was last seen starting a new answer."""
+    if state.starts != state.starts_seen:
+        state.starts_seen = state.starts
+        state.new_work_at = now
 
 
 def _configured(state: EngineState) -> set[str]:

@@ -34,9 +34,14 @@ class EngineState:
     suspect: int = 0  # probes in a row that timed out while the engine was still routed to
     last_error: str | None = None
     next_probe_at: float = 0.0
-    # Answers and chunks the data plane has received from the engine (a counter, no clock):
-    # a probe that times out while this moves met a busy engine, not a hung one.
+    # 200 answers started and their chunks, as the data plane received them from the engine
+    # (counters, no clock): a probe that times out while `progress` moves met a busy engine,
+    # not a hung one, as long as the engine also starts new answers (`starts`; the monitor
+    # notes when it last saw one in `new_work_at`).
     progress: int = 0
+    starts: int = 0
+    starts_seen: int = 0
+    new_work_at: float = 0.0
 
     @property
     def reported_seqs(self) -> int:

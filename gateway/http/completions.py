@@ -106,9 +106,10 @@ class CompletionsEndpoint:
             runtime.metrics.requests.labels(call.model, call.outcome).inc()
             if call.lease is not None:
                 used = call.meter.total_tokens() if call.meter is not None else None
-                if used is None and call.outcome != "200":
-                    # No answer, or the engine's error: nothing generated, nothing charged.
-                    used = 0
+                if call.nothing_generated:
+                    used = 0  # the whole charge comes back
+                # Otherwise an unknown usage (a client gone before a whole answer arrived, a
+                # timeout) keeps the charge: the engine may have generated all of it.
                 if call.completed and call.meter is not None and call.admitted is not None:
                     generated = call.meter.completion_tokens()
                     if generated is not None:
@@ -147,9 +148,13 @@ class CompletionsEndpoint:
                 shape=admitted.shape,
             )
             call.lease = admitted.lease
-            response = await runtime.upstream.open(
-                admitted.engine.url, self.path, body, headers, streaming=call.streaming
-            )
+            try:
+                response = await runtime.upstream.open(
+                    admitted.engine.url, self.path, body, headers, streaming=call.streaming
+                )
+            except UpstreamUnavailable:
+                call.nothing_generated = True  # never reached the second engine either
+                raise
         call.meter = UsageMeter(streaming=call.streaming, prompt_tokens=admitted.prompt_tokens)
         call.admitted = admitted
         return admitted.engine, response
@@ -158,16 +163,20 @@ class CompletionsEndpoint:
         self, call: _Call, engine: EngineSpec, response: UpstreamResponse, send: Send
     ) -> None:
         """The engine's answer to the client, byte for byte, metering usage on the way."""
+        if response.status_code >= 400:
+            call.nothing_generated = True  # the engine refused or failed it
         if response.status_code >= 500:
             text = (await response.read()).decode(errors="replace")[:500]
             raise UpstreamUnavailable(
                 f"engine {engine.name!r} answered {response.status_code}: {text}"
             )
-        # The monitor reads this: an engine whose answers keep coming is not hung, however
-        # slow its /health (see engines/monitor.py).
-        state = call.runtime.pool.get(engine.name)
+        ok = response.status_code == 200
+        # The monitor reads these: an engine whose answers keep coming, and that starts new
+        # ones, is not hung, however slow its /health (see engines/monitor.py).
+        state = call.runtime.pool.get(engine.name) if ok else None
         if state is not None:
             state.progress += 1
+            state.starts += 1
         headers = [(k, v) for k, v in response.raw_headers if k.lower() in PASS_BACK]
         headers.append((b"x-request-id", call.request_id.encode()))
         headers.append((b"x-kv-gateway-engine", engine.name.encode()))
@@ -181,7 +190,6 @@ class CompletionsEndpoint:
         assert meter is not None
         # A predicted reservation may be outgrown: a stream's lease follows its tokens.
         follow = call.streaming and call.runtime.service.reservation == "predicted"
-        ok = response.status_code == 200
         metrics = call.runtime.metrics
         first = True
         async for chunk in response.chunks():
@@ -216,6 +224,8 @@ class _Call:
     meter: UsageMeter | None = None
     admitted: Admitted | None = None
     completed: bool = False  # the engine's whole 200 answer reached the client
+    # Provably no tokens generated: the engine could not be reached, or answered an error.
+    nothing_generated: bool = False
 
 
 async def _top_up(call: _Call, generated: int) -> None:

@@ -81,7 +81,8 @@ class GatewayMetrics:
         self.state_up = Gauge(
             "kv_gateway_state_up",
             "1 while the state store answers (always, in-process); 0 while Redis cannot be "
-            "reached: the reserved and queue gauges then keep their last values.",
+            "reached: the reserved and queue gauges then keep their last values (fail_closed) "
+            "or show this replica's local share (fail_open_local).",
             registry=self.registry,
         )
         self.extended_blocks = Counter(
@@ -108,7 +109,9 @@ class GatewayMetrics:
             self.queue_length.set(await runtime.store.queue_length())
         except StateUnavailable:
             loads = None
-        self.state_up.set(0 if loads is None else 1)
+        # `fail_open_local` answers from its local share instead of raising: down all the same.
+        degraded = bool(getattr(runtime.store, "degraded", False))
+        self.state_up.set(0 if loads is None or degraded else 1)
         for state in runtime.pool:
             name = state.spec.name
             if loads is not None:

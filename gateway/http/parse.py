@@ -117,9 +117,18 @@ def parse_body(raw: bytes, kind: Kind) -> Inbound:
         )
     if "prompt" not in body:
         raise _bad("you must provide a 'prompt'", "prompt")
-    # vLLM's completions read `max_tokens` only (`max_completion_tokens` is a chat field).
-    max_out = _int_field(body, "max_tokens", minimum=1)
-    default = COMPLETIONS_DEFAULT_MAX_TOKENS if "max_tokens" not in body else None
+    # vLLM 0.32's completions read `max_tokens` only; other versions may honour
+    # `max_completion_tokens` there too: the larger of the two is reserved.
+    given = [
+        v
+        for v in (
+            _int_field(body, "max_tokens", minimum=1),
+            _int_field(body, "max_completion_tokens", minimum=1),
+        )
+        if v is not None
+    ]
+    max_out = max(given) if given else None
+    default = COMPLETIONS_DEFAULT_MAX_TOKENS if "max_tokens" not in body and not given else None
     return Inbound(
         kind,
         model,

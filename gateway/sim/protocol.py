@@ -110,7 +110,7 @@ def parse_generation(
     options = body.get("stream_options")
     if options is not None and not isinstance(options, dict):
         raise bad_request("'stream_options' must be an object.", "stream_options")
-    if options is not None and not stream:
+    if options and not stream:  # as vLLM: empty options are accepted
         raise bad_request(
             "Stream options can only be defined when `stream=True`.", "stream_options"
         )

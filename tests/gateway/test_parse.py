@@ -33,11 +33,15 @@ def test_completions_default_to_16_output_tokens_as_vllm_does():
     assert (null.max_output_tokens, null.default_output_tokens) == (None, None)
     given = parse_body(body(model="m", prompt="hi", max_tokens=40), "completion")
     assert (given.max_output_tokens, given.default_output_tokens) == (40, None)
-    # vLLM's completions have no `max_completion_tokens`: the engine ignores it, and so do we.
-    chat_field = parse_body(
-        body(model="m", prompt="hi", max_tokens=2000, max_completion_tokens=10), "completion"
-    )
-    assert chat_field.max_output_tokens == 2000
+    # vLLM 0.32's completions ignore `max_completion_tokens`, other versions may not: the
+    # larger of the two is reserved, whichever the engine reads.
+    for mt, mct in ((2000, 10), (10, 2000)):
+        both = parse_body(
+            body(model="m", prompt="hi", max_tokens=mt, max_completion_tokens=mct), "completion"
+        )
+        assert (both.max_output_tokens, both.default_output_tokens) == (2000, None)
+    only = parse_body(body(model="m", prompt="hi", max_completion_tokens=40), "completion")
+    assert (only.max_output_tokens, only.default_output_tokens) == (40, None)
     # Chat has no such default: left out means up to the end of the context.
     chat = parse_body(body(model="m", messages=[{"role": "user", "content": "x"}]), "chat")
     assert (chat.max_output_tokens, chat.default_output_tokens) == (None, None)

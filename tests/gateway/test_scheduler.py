@@ -20,6 +20,7 @@ from gateway.engines.pool import EnginePool
 from gateway.errors import RateLimited
 from gateway.scheduler import Ask, Scheduler
 from gateway.state.base import AdmissionAsk, Lease, QueueEntry, QueueVerdict, Refusal
+from gateway.state.errors import StateUnavailable
 from gateway.state.memory import InMemoryStore
 
 ENGINE = EngineSpec("e", "http://e", frozenset({"m"}), 11, 16, 8, 2048)  # 10 usable blocks
@@ -109,5 +110,23 @@ async def test_a_refusal_at_once_costs_no_clean_up_calls():
     with pytest.raises(RateLimited):
         await sched.admit(ask(8))
     assert store.calls[calls:] == ["admit", "enqueue"]
+    assert await store.queue_length() == 0
+    await sched.release(held)
+
+
+async def test_a_queue_entry_whose_answer_was_lost_is_removed():
+    """Redis ran the enqueue but its answer timed out (StateUnavailable): the entry exists
+    and would head the line until it expired; the scheduler hands it back."""
+
+    class LostAnswer(SlowAnswers):
+        async def enqueue(self, entry: QueueEntry, max_length: int) -> QueueVerdict:
+            await super().enqueue(entry, max_length)
+            raise StateUnavailable("no answer from redis")
+
+    store = LostAnswer(delay_s=0.0)
+    sched = scheduler(store)
+    held = await sched.admit(ask(8))
+    with pytest.raises(StateUnavailable):
+        await sched.admit(ask(8))
     assert await store.queue_length() == 0
     await sched.release(held)

@@ -4,7 +4,9 @@ vLLM on a saturated host (the CI's two cores) answers `/health` and `/metrics` l
 generates. Ejecting it then turns every request queued for it into a 503 — what the real-vLLM
 overload test once saw. Here an engine whose `/health` always takes longer than the probe
 timeout streams an answer through the gateway: while its chunks arrive it stays healthy and
-new requests are served; once the traffic stops, the same slow probes eject it.
+new requests are served; once the traffic stops, the same slow probes eject it. An engine
+that only trickles an old stream and starts no new answer is forgiven for `busy_grace_s`,
+no longer: it may be hung for all new work.
 """
 
 import asyncio
@@ -60,7 +62,7 @@ def busy_engine() -> Starlette:
 
 
 @contextlib.asynccontextmanager
-async def gateway_in_front():
+async def gateway_in_front(**health):
     async with running_app(busy_engine()) as engine:
         cfg = parse_config(
             {
@@ -81,6 +83,7 @@ async def gateway_in_front():
                     "timeout_s": PROBE_TIMEOUT_S,
                     "timeouts_to_eject": 2,
                     "backoff_max_s": 1.0,
+                    **health,
                 },
             }
         )
@@ -121,3 +124,21 @@ async def test_slow_probes_do_not_eject_an_engine_that_is_streaming():
         refused = await http.post(url + "/v1/completions", json=request)
         assert refused.status_code == 503
         assert refused.json()["error"]["code"] == "no_healthy_engine"
+
+
+async def test_an_engine_that_starts_no_new_answer_is_forgiven_only_for_the_grace():
+    """The same stream, but with `busy_grace_s` 1: nothing new starts after it, so once the
+    grace is over the slow probes count again and the engine is ejected mid-stream."""
+    async with gateway_in_front(busy_grace_s=1.0) as url, httpx.AsyncClient(timeout=10) as http:
+        request = {"model": "tiny", "prompt": "x", "max_tokens": 4, "stream": True}
+        async with http.stream("POST", url + "/v1/completions", json=request) as stream:
+            assert stream.status_code == 200
+            events = 0
+            ejected_at = None
+            async for line in stream.aiter_lines():
+                if line.startswith("data: {"):
+                    events += 1
+                if ejected_at is None and events % 5 == 0 and not await healthy(http, url):
+                    ejected_at = events
+        assert events == CHUNKS  # ejection takes an engine out of routing, not its streams
+        assert ejected_at is not None and ejected_at < CHUNKS, "not ejected while trickling"

@@ -26,10 +26,17 @@ def gauge(text: str, name: str) -> float:
     return float(line.split()[1])
 
 
-async def test_endpoints_answer_while_redis_is_unreachable():
+@pytest.mark.parametrize("on_failure", ["fail_closed", "fail_open_local"])
+async def test_endpoints_answer_while_redis_is_unreachable(on_failure):
     proxy = TcpProxy()
     await proxy.start()
-    redis = {"url": proxy.url, "key_prefix": f"t{uuid.uuid4().hex[:10]}", "timeout_s": 0.5}
+    redis = {
+        "url": proxy.url,
+        "key_prefix": f"t{uuid.uuid4().hex[:10]}",
+        "timeout_s": 0.5,
+        "on_failure": on_failure,
+    }
+    closed = on_failure == "fail_closed"
     try:
         async with gateway_over([FAST], redis=redis) as gw, httpx.AsyncClient(timeout=10) as http:
             up = await http.get(gw.url + "/metrics")
@@ -42,12 +49,16 @@ async def test_endpoints_answer_while_redis_is_unreachable():
             assert gauge(down.text, 'kv_gateway_engine_healthy{engine="e0"}') == 1
 
             status = await http.get(gw.url + "/admin/status")
-            assert status.status_code == 503
-            assert status.json()["error"]["type"] == "service_unavailable"
-
             body = {"model": "tiny", "prompt": "x", "max_tokens": 2}
-            refused = await http.post(gw.url + "/v1/completions", json=body)
-            assert refused.status_code == 503 and refused.json()["error"]["message"]
+            answer = await http.post(gw.url + "/v1/completions", json=body)
+            if closed:
+                assert status.status_code == 503
+                assert status.json()["error"]["type"] == "service_unavailable"
+                assert answer.status_code == 503 and answer.json()["error"]["message"]
+            else:  # served on this replica's local share, and still reported as down
+                assert status.status_code == 200 and answer.status_code == 200
+                after = await http.get(gw.url + "/metrics")
+                assert gauge(after.text, "kv_gateway_state_up") == 0
 
             await proxy.start()  # same port: it resumes
             for _ in range(50):

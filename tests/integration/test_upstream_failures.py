@@ -137,10 +137,31 @@ async def test_an_engine_error_charges_the_tenant_no_tokens():
         auth = {"authorization": f"Bearer {key}"}
         body = {"model": "tiny", "prompt": "fail", "max_tokens": 4}
         codes = [
-            (await http.post(url + "/v1/completions", json=body, headers=auth)).status_code
-            for _ in range(4)
+            (
+                await http.post(
+                    url + "/v1/completions", json=body | {"stream": i % 2 == 1}, headers=auth
+                )
+            ).status_code
+            for i in range(4)
         ]
-        assert codes == [502] * 4
+        assert codes == [502] * 4  # whole and streamed alike
         fine = await http.post(url + "/v1/completions", json=body | {"prompt": "ok"}, headers=auth)
         assert fine.status_code == 200
         assert int(fine.headers["x-ratelimit-remaining-tokens"]) >= 12 - 6
+
+
+async def test_an_answer_that_never_came_keeps_its_charge():
+    """Unlike an error answer, a timeout (or a client gone before a whole answer) proves
+    nothing: the engine may have generated everything. The charge stays — else a tenant could
+    pass its TPM by giving up on each request. About 42 tokens are charged per request (a
+    short prompt + 40): two fit in 100 TPM, the third is refused."""
+    key = "key-t"
+    tenant = {"name": "t", "api_keys": [hashlib.sha256(key.encode()).hexdigest()], "tpm": 100}
+    async with gateway_in_front(tenants=[tenant]) as url, httpx.AsyncClient(timeout=10) as http:
+        auth = {"authorization": f"Bearer {key}"}
+        body = {"model": "tiny", "prompt": "silent", "max_tokens": 40}
+        codes = [
+            (await http.post(url + "/v1/completions", json=body, headers=auth)).status_code
+            for _ in range(3)
+        ]
+        assert codes == [504, 504, 429]
