@@ -10,86 +10,49 @@ no longer: it may be hung for all new work.
 """
 
 import asyncio
-import contextlib
 import json
 
 import httpx
-from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
-from starlette.routing import Route
 
-from gateway.config import parse_config
-from gateway.http.app import create_app
-from gateway.http.embedded import running_app
-from gateway.runtime import build_runtime
+from tests.integration.scripted_engine import engine_app, gateway_in_front
 
 PROBE_TIMEOUT_S = 0.5
 CHUNKS, CHUNK_GAP_S = 40, 0.1  # a 4 s stream, many probe timeouts long
 
 
-def busy_engine() -> Starlette:
-    async def completions(request: Request) -> Response:
-        body = await request.json()
-        if not body.get("stream"):
-            return JSONResponse(
-                {"choices": [{"index": 0, "text": "ok"}], "usage": {"total_tokens": 3}}
-            )
+async def streaming_completions(request: Request) -> Response:
+    body = await request.json()
+    if not body.get("stream"):
+        return JSONResponse({"choices": [{"index": 0, "text": "ok"}], "usage": {"total_tokens": 3}})
 
-        async def events():
-            chunk = {"choices": [{"index": 0, "text": "a", "finish_reason": None}]}
-            for _ in range(CHUNKS):
-                yield f"data: {json.dumps(chunk)}\n\n"
-                await asyncio.sleep(CHUNK_GAP_S)
-            yield "data: [DONE]\n\n"
+    async def events():
+        chunk = {"choices": [{"index": 0, "text": "a", "finish_reason": None}]}
+        for _ in range(CHUNKS):
+            yield f"data: {json.dumps(chunk)}\n\n"
+            await asyncio.sleep(CHUNK_GAP_S)
+        yield "data: [DONE]\n\n"
 
-        return StreamingResponse(events(), media_type="text/event-stream")
+    return StreamingResponse(events(), media_type="text/event-stream")
 
-    async def health(request: Request) -> Response:
-        await asyncio.sleep(3 * PROBE_TIMEOUT_S)
-        return Response()
 
-    async def metrics(request: Request) -> Response:
-        return Response("", media_type="text/plain")
+async def slow_health(request: Request) -> Response:
+    await asyncio.sleep(3 * PROBE_TIMEOUT_S)
+    return Response()
 
-    return Starlette(
-        routes=[
-            Route("/v1/completions", completions, methods=["POST"]),
-            Route("/health", health),
-            Route("/metrics", metrics),
-        ]
+
+def gateway(**health):
+    return gateway_in_front(
+        engine_app(streaming_completions, health=slow_health),
+        health={
+            "scrape_interval_s": 0.1,
+            "timeout_s": PROBE_TIMEOUT_S,
+            "timeouts_to_eject": 2,
+            "backoff_max_s": 1.0,
+            **health,
+        },
     )
-
-
-@contextlib.asynccontextmanager
-async def gateway_in_front(**health):
-    async with running_app(busy_engine()) as engine:
-        cfg = parse_config(
-            {
-                "engines": [
-                    {
-                        "name": "busy",
-                        "url": engine,
-                        "models": ["tiny"],
-                        "num_gpu_blocks": 65,
-                        "block_size": 16,
-                        "max_num_seqs": 8,
-                        "max_model_len": 512,
-                    }
-                ],
-                "models": [{"name": "tiny", "tokenizer": "hf:@tiny"}],
-                "health": {
-                    "scrape_interval_s": 0.1,
-                    "timeout_s": PROBE_TIMEOUT_S,
-                    "timeouts_to_eject": 2,
-                    "backoff_max_s": 1.0,
-                    **health,
-                },
-            }
-        )
-        runtime = await build_runtime(cfg)
-        async with running_app(create_app(cfg, runtime)) as url:
-            yield url
 
 
 async def healthy(http: httpx.AsyncClient, url: str) -> bool:
@@ -98,7 +61,7 @@ async def healthy(http: httpx.AsyncClient, url: str) -> bool:
 
 
 async def test_slow_probes_do_not_eject_an_engine_that_is_streaming():
-    async with gateway_in_front() as url, httpx.AsyncClient(timeout=10) as http:
+    async with gateway() as url, httpx.AsyncClient(timeout=10) as http:
         request = {"model": "tiny", "prompt": "x", "max_tokens": 4}
         async with http.stream(
             "POST", url + "/v1/completions", json={**request, "stream": True}
@@ -129,7 +92,7 @@ async def test_slow_probes_do_not_eject_an_engine_that_is_streaming():
 async def test_an_engine_that_starts_no_new_answer_is_forgiven_only_for_the_grace():
     """The same stream, but with `busy_grace_s` 1: nothing new starts after it, so once the
     grace is over the slow probes count again and the engine is ejected mid-stream."""
-    async with gateway_in_front(busy_grace_s=1.0) as url, httpx.AsyncClient(timeout=10) as http:
+    async with gateway(busy_grace_s=1.0) as url, httpx.AsyncClient(timeout=10) as http:
         request = {"model": "tiny", "prompt": "x", "max_tokens": 4, "stream": True}
         async with http.stream("POST", url + "/v1/completions", json=request) as stream:
             assert stream.status_code == 200

@@ -1,82 +1,42 @@
 """Upstream misbehaviour becomes OpenAI errors: a silent engine, a stalled stream, a 500."""
 
 import asyncio
-import contextlib
-import hashlib
 import json
 
 import httpx
 import openai
-from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
-from starlette.routing import Route
 
-from gateway.config import parse_config
-from gateway.http.app import create_app
-from gateway.http.embedded import running_app
-from gateway.runtime import build_runtime
+from tests.integration.scripted_engine import engine_app, gateway_in_front, tenant_with_key
 
 
-def misbehaving_engine() -> Starlette:
-    async def completions(request: Request) -> Response:
-        body = await request.json()
-        mode = body["prompt"]
-        if mode == "silent":
+async def misbehaving_completions(request: Request) -> Response:
+    body = await request.json()
+    mode = body["prompt"]
+    if mode == "silent":
+        await asyncio.sleep(3)
+    if mode == "fail":
+        return JSONResponse({"error": {"message": "boom"}}, status_code=500)
+    if mode == "stall":
+
+        async def events():
+            chunk = {"choices": [{"index": 0, "text": "a", "finish_reason": None}]}
+            yield f"data: {json.dumps(chunk)}\n\n"
             await asyncio.sleep(3)
-        if mode == "fail":
-            return JSONResponse({"error": {"message": "boom"}}, status_code=500)
-        if mode == "stall":
+            yield "data: [DONE]\n\n"
 
-            async def events():
-                chunk = {"choices": [{"index": 0, "text": "a", "finish_reason": None}]}
-                yield f"data: {json.dumps(chunk)}\n\n"
-                await asyncio.sleep(3)
-                yield "data: [DONE]\n\n"
+        return StreamingResponse(events(), media_type="text/event-stream")
+    return JSONResponse({"choices": [{"index": 0, "text": "ok"}], "usage": {"total_tokens": 3}})
 
-            return StreamingResponse(events(), media_type="text/event-stream")
-        return JSONResponse({"choices": [{"index": 0, "text": "ok"}], "usage": {"total_tokens": 3}})
 
-    async def health(request: Request) -> Response:
-        return Response()
-
-    async def metrics(request: Request) -> Response:
-        return Response("", media_type="text/plain")
-
-    return Starlette(
-        routes=[
-            Route("/v1/completions", completions, methods=["POST"]),
-            Route("/health", health),
-            Route("/metrics", metrics),
-        ]
+def gateway(**raw):
+    return gateway_in_front(
+        engine_app(misbehaving_completions),
+        upstream={"first_byte_timeout_s": 1.0, "idle_timeout_s": 1.0},
+        health={"scrape_interval_s": 0.2},
+        **raw,
     )
-
-
-@contextlib.asynccontextmanager
-async def gateway_in_front(**extra):
-    async with running_app(misbehaving_engine()) as engine:
-        cfg = parse_config(
-            {
-                **extra,
-                "engines": [
-                    {
-                        "name": "odd",
-                        "url": engine,
-                        "models": ["tiny"],
-                        "num_gpu_blocks": 65,
-                        "block_size": 16,
-                        "max_num_seqs": 8,
-                        "max_model_len": 512,
-                    }
-                ],
-                "models": [{"name": "tiny", "tokenizer": "hf:@tiny"}],
-                "upstream": {"first_byte_timeout_s": 1.0, "idle_timeout_s": 1.0},
-                "health": {"scrape_interval_s": 0.2},
-            }
-        )
-        runtime = await build_runtime(cfg)
-        async with running_app(create_app(cfg, runtime)) as url:
-            yield url
 
 
 async def reserved(http, url):
@@ -85,7 +45,7 @@ async def reserved(http, url):
 
 
 async def test_silent_engine_is_504_and_nothing_stays_reserved():
-    async with gateway_in_front() as url, httpx.AsyncClient(timeout=10) as http:
+    async with gateway() as url, httpx.AsyncClient(timeout=10) as http:
         r = await http.post(
             url + "/v1/completions", json={"model": "tiny", "prompt": "silent", "max_tokens": 4}
         )
@@ -94,7 +54,7 @@ async def test_silent_engine_is_504_and_nothing_stays_reserved():
 
 
 async def test_stalled_stream_ends_with_an_error_event():
-    async with gateway_in_front() as url:
+    async with gateway() as url:
         client = openai.AsyncOpenAI(base_url=url + "/v1", api_key="x", max_retries=0, timeout=10)
         stream = await client.completions.create(
             model="tiny", prompt="stall", max_tokens=4, stream=True
@@ -113,7 +73,7 @@ async def test_stalled_stream_ends_with_an_error_event():
 
 
 async def test_engine_500_is_502_in_openai_shape():
-    async with gateway_in_front() as url, httpx.AsyncClient(timeout=10) as http:
+    async with gateway() as url, httpx.AsyncClient(timeout=10) as http:
         r = await http.post(
             url + "/v1/completions", json={"model": "tiny", "prompt": "fail", "max_tokens": 4}
         )
@@ -131,10 +91,8 @@ async def test_an_engine_error_charges_the_tenant_no_tokens():
     """Tokens are charged up front and refunded to the usage; an engine's error answer has
     none, and it generated nothing: the whole charge comes back. With 12 tokens a minute and
     about 5 charged per request, a third failed request would be a 429 without the refund."""
-    key = "key-t"
-    tenant = {"name": "t", "api_keys": [hashlib.sha256(key.encode()).hexdigest()], "tpm": 12}
-    async with gateway_in_front(tenants=[tenant]) as url, httpx.AsyncClient(timeout=10) as http:
-        auth = {"authorization": f"Bearer {key}"}
+    tenant, auth = tenant_with_key("t", tpm=12)
+    async with gateway(tenants=[tenant]) as url, httpx.AsyncClient(timeout=10) as http:
         body = {"model": "tiny", "prompt": "fail", "max_tokens": 4}
         codes = [
             (
@@ -155,10 +113,8 @@ async def test_an_answer_that_never_came_keeps_its_charge():
     nothing: the engine may have generated everything. The charge stays — else a tenant could
     pass its TPM by giving up on each request. About 42 tokens are charged per request (a
     short prompt + 40): two fit in 100 TPM, the third is refused."""
-    key = "key-t"
-    tenant = {"name": "t", "api_keys": [hashlib.sha256(key.encode()).hexdigest()], "tpm": 100}
-    async with gateway_in_front(tenants=[tenant]) as url, httpx.AsyncClient(timeout=10) as http:
-        auth = {"authorization": f"Bearer {key}"}
+    tenant, auth = tenant_with_key("t", tpm=100)
+    async with gateway(tenants=[tenant]) as url, httpx.AsyncClient(timeout=10) as http:
         body = {"model": "tiny", "prompt": "silent", "max_tokens": 40}
         codes = [
             (await http.post(url + "/v1/completions", json=body, headers=auth)).status_code
