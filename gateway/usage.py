@@ -98,6 +98,11 @@ def _usage(payload: bytes) -> _Usage | None:
         usage = json.loads(payload).get("usage")
     except (ValueError, AttributeError):
         return None
+    return _read_usage(usage)
+
+
+def _read_usage(usage: object) -> _Usage | None:
+    """An OpenAI `usage` object's counts; None when it is not one."""
     if not isinstance(usage, dict):
         return None
     got = _Usage(_count(usage.get("total_tokens")), _count(usage.get("completion_tokens")))
@@ -116,7 +121,7 @@ def _usage_in_tail(tail: bytes) -> _Usage | None:
         usage, _ = json.JSONDecoder().raw_decode(tail[start:].decode(errors="replace"))
     except ValueError:
         return None
-    return _usage(json.dumps({"usage": usage}).encode())
+    return _read_usage(usage)
 
 
 def _count(x: object) -> int | None:

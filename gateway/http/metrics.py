@@ -110,8 +110,7 @@ class GatewayMetrics:
         except StateUnavailable:
             loads = None
         # `fail_open_local` answers from its local share instead of raising: down all the same.
-        degraded = bool(getattr(runtime.store, "degraded", False))
-        self.state_up.set(0 if loads is None or degraded else 1)
+        self.state_up.set(0 if loads is None or runtime.store.degraded else 1)
         for state in runtime.pool:
             name = state.spec.name
             if loads is not None:

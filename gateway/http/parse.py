@@ -119,16 +119,14 @@ def parse_body(raw: bytes, kind: Kind) -> Inbound:
         raise _bad("you must provide a 'prompt'", "prompt")
     # vLLM 0.32's completions read `max_tokens` only; other versions may honour
     # `max_completion_tokens` there too: the larger of the two is reserved.
-    given = [
-        v
-        for v in (
-            _int_field(body, "max_tokens", minimum=1),
-            _int_field(body, "max_completion_tokens", minimum=1),
-        )
-        if v is not None
-    ]
-    max_out = max(given) if given else None
-    default = COMPLETIONS_DEFAULT_MAX_TOKENS if "max_tokens" not in body and not given else None
+    fields = ("max_tokens", "max_completion_tokens")
+    max_out = max(
+        (v for v in (_int_field(body, f, minimum=1) for f in fields) if v is not None),
+        default=None,
+    )
+    default = (
+        COMPLETIONS_DEFAULT_MAX_TOKENS if max_out is None and "max_tokens" not in body else None
+    )
     return Inbound(
         kind,
         model,

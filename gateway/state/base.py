@@ -152,4 +152,9 @@ class StateStore(Protocol):
         replica), or after `within_s` seconds."""
         ...
 
+    @property
+    def degraded(self) -> bool:
+        """True while the shared state cannot be reached (never, in-process)."""
+        ...
+
     async def close(self) -> None: ...

@@ -301,6 +301,10 @@ class InMemoryStore:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(event.wait(), within_s)
 
+    @property
+    def degraded(self) -> bool:
+        return False  # nothing to lose in-process
+
     async def close(self) -> None:
         self._notify()
 

@@ -3,6 +3,7 @@ test's event loop, with the official `openai` client as the client."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
 from collections.abc import AsyncIterator, Callable
@@ -47,6 +48,16 @@ class Gateway:
     async def status(self) -> dict[str, Any]:
         async with httpx.AsyncClient() as client:
             return (await client.get(self.url + "/admin/status")).json()
+
+    async def reserved_blocks_settle(self, within_s: float = 2.0) -> list[int]:
+        """Each engine's reserved blocks once all are 0, or as they stand after `within_s`
+        (releases of abandoned requests land asynchronously)."""
+        deadline = asyncio.get_running_loop().time() + within_s
+        while True:
+            reserved = [e["reserved_blocks"] for e in (await self.status())["engines"]]
+            if not any(reserved) or asyncio.get_running_loop().time() > deadline:
+                return reserved
+            await asyncio.sleep(0.02)
 
 
 @contextlib.asynccontextmanager

@@ -180,6 +180,7 @@ async def test_gateway_metrics_count_outcomes_and_state():
     assert not any(labels and ("model", "nope") in labels for _, labels in samples)
     assert samples[("kv_gateway_reserved_blocks", (("engine", "e0"),))] == 0
     assert samples[("kv_gateway_engine_healthy", (("engine", "e0"),))] == 1
+    assert samples[("kv_gateway_state_up", ())] == 1  # in-process state is never lost
     assert samples[("kv_gateway_admission_wait_seconds_count", (("model", "tiny"),))] == 1
     tiny = (("model", "tiny"),)
     assert samples[("kv_gateway_first_byte_seconds_count", tiny)] == 1

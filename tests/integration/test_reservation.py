@@ -1,7 +1,6 @@
 """The `predicted` reservation over real sockets: it learns output lengths from completed
 requests only, and then reserves prompt + that prediction instead of the whole budget."""
 
-import asyncio
 import dataclasses
 import hashlib
 import math
@@ -87,12 +86,7 @@ async def test_reservation_follows_learned_output_lengths(mode):
         assert await reserved_while_streaming(http, gw.url, 600) == expected
         # A budget below the prediction is reserved as asked.
         assert await reserved_while_streaming(http, gw.url, 3) == 1
-        for _ in range(100):  # the abandoned streams' releases land
-            status = await gw.status()
-            if all(e["reserved_blocks"] == 0 for e in status["engines"]):
-                break
-            await asyncio.sleep(0.02)
-        assert all(e["reserved_blocks"] == 0 for e in status["engines"])
+        assert not any(await gw.reserved_blocks_settle())  # the abandoned streams' releases
 
 
 async def test_predicted_mode_still_refuses_what_could_never_fit():
@@ -139,12 +133,7 @@ async def test_a_stream_that_outgrows_its_prediction_extends_its_lease():
         assert math.ceil((10 + 60 + 1) / BLOCK) <= seen[1] <= worst
         extended = await metric(http, gw.url, "kv_gateway_extended_blocks_total")
         assert extended == worst - seen[0]  # grown to the worst case by the end
-        for _ in range(100):
-            status = await gw.status()
-            if all(e["reserved_blocks"] == 0 for e in status["engines"]):
-                break
-            await asyncio.sleep(0.02)
-        assert all(e["reserved_blocks"] == 0 for e in status["engines"])
+        assert not any(await gw.reserved_blocks_settle())
 
 
 async def test_each_tenant_is_predicted_from_its_own_outputs():
