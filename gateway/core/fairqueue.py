@@ -25,7 +25,7 @@ Start-time fair queuing (Goyal et al., 1996), charged by KV blocks:
 - `F_t` is the larger of the finish tag of the tenant's last *served* entry and the finish
   tag of its last *queued* entry. An entry that leaves without being served (timeout, client
   gone) leaves no trace: the tenant's later entries move back by its charge, so abandoned
-  requests cost a tenant nothing (measured in loadtest/bench_fairness.py: without this, a
+  requests cost a tenant nothing (measured in benchmarks/bench_fairness.py: without this, a
   tenant whose oldest entries time out falls below its share).
 - Admissions that never queued are charged too (`charge`), so a tenant that just took a
   burst of capacity directly goes behind the others when the line forms.

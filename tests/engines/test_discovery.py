@@ -17,8 +17,8 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
 from gateway.engines.discovery import DiscoveredModel, DiscoveryError, discover
+from gateway.harness import free_port
 from tests.engines.pages import IDLE, SATURATED, add_dp_rank, capture, drop_series, set_label
-from tests.integration.processes import free_port
 
 
 def models_body(*models: dict[str, Any]) -> dict[str, Any]:

@@ -8,11 +8,11 @@ import textwrap
 
 import httpx
 
-from tests.integration.processes import SimProcess, free_port
+from gateway.harness import SimProcess, free_port
 
 
 async def test_serve_subprocess_answers_and_stops_on_sigterm(tmp_path):
-    sim = await SimProcess(num_gpu_blocks=65, max_model_len=512).start()
+    sim = await SimProcess(num_gpu_blocks=65, max_model_len=512).astart()
     try:
         port = free_port()
         config = tmp_path / "gw.yaml"
@@ -93,7 +93,7 @@ def test_unreachable_engine_is_a_clear_startup_error(tmp_path):
 
 
 async def test_a_missing_tokenizer_directory_is_one_line_and_exit_2(tmp_path):
-    sim = await SimProcess(num_gpu_blocks=65, max_model_len=512).start()
+    sim = await SimProcess(num_gpu_blocks=65, max_model_len=512).astart()
     try:
         config = tmp_path / "gw.yaml"
         missing = tmp_path / "no-such-tokenizer"

@@ -9,10 +9,10 @@ import httpx
 import openai
 
 from gateway.config import parse_config
+from gateway.harness import SimProcess
 from gateway.http.app import create_app
 from gateway.http.embedded import running_app
 from gateway.runtime import build_runtime
-from tests.integration.processes import SimProcess
 
 SIM = dict(
     block_size=16,
@@ -44,7 +44,7 @@ async def gateway(engines, **overrides):
 async def sims(*flag_sets):
     procs = [SimProcess(**{**SIM, **flags}) for flags in flag_sets]
     try:
-        await asyncio.gather(*(p.start() for p in procs))
+        await asyncio.gather(*(p.astart() for p in procs))
         yield procs
     finally:
         for p in procs:
@@ -157,7 +157,7 @@ async def test_restarted_engine_is_readmitted_with_its_new_capacity():
         )
         assert r.status_code == 503 and r.json()["error"]["code"] == "no_healthy_engine"
         assert (await http.get(url + "/ready")).status_code == 503
-        await a.start(num_gpu_blocks=257)
+        await a.configure(num_gpu_blocks=257).astart()
         for _ in range(100):
             engine = (await status(http, url))["a"]
             if engine["healthy"] and engine["num_gpu_blocks"] == 257:

@@ -9,7 +9,7 @@ import time
 
 import httpx
 
-from tests.integration.processes import GatewayProcess, SimProcess
+from gateway.harness import GatewayProcess, SimProcess
 
 
 def tenant(name: str, **limits: object) -> dict[str, object]:
@@ -29,13 +29,13 @@ async def ask(http: httpx.AsyncClient, url: str, name: str) -> httpx.Response:
 
 
 async def test_sighup_reloads_tenants_and_refuses_a_bad_file(tmp_path):
-    engine = await SimProcess(num_gpu_blocks=257, max_num_seqs=16, max_model_len=512).start()
+    engine = await SimProcess(num_gpu_blocks=257, max_num_seqs=16, max_model_len=512).astart()
     cfg = {
         "engines": [{"name": "e0", "url": engine.url, "max_num_seqs": 16}],
         "models": [{"name": "tiny", "tokenizer": "hf:@tiny"}],
         "tenants": [tenant("old")],
     }
-    gateway = await GatewayProcess(cfg, tmp_path).start()
+    gateway = await GatewayProcess(cfg, tmp_path).astart()
     try:
         async with httpx.AsyncClient(timeout=30) as http:
             assert (await ask(http, gateway.url, "old")).status_code == 200

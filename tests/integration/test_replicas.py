@@ -9,7 +9,7 @@ import httpx
 import pytest
 import redis
 
-from tests.integration.processes import GatewayProcess, RedisServer, SimProcess
+from gateway.harness import GatewayProcess, RedisServer, SimProcess
 
 pytestmark = pytest.mark.redis
 
@@ -42,7 +42,7 @@ def config(engine: SimProcess, *, redis_url=SHARED_REDIS, prefix=None, **extra):
 async def replicas(cfg, n, tmp_path):
     procs = [GatewayProcess(cfg, tmp_path) for _ in range(n)]
     try:
-        await asyncio.gather(*(p.start() for p in procs))
+        await asyncio.gather(*(p.astart() for p in procs))
         yield procs
     finally:
         for p in procs:
@@ -98,7 +98,7 @@ async def test_burst_across_three_replicas_never_overcommits(tmp_path):
         max_model_len=512,
         decode_ms_base=3.0,
         decode_ms_per_seq=0.02,
-    ).start()
+    ).astart()
     prefix = f"t{uuid.uuid4().hex[:10]}"
     try:
         # Idle connections dropped before the gateways' 5 s keep-alive closes them under a request.
@@ -134,7 +134,7 @@ async def test_tenant_limits_hold_across_replicas(tmp_path):
 
     engine = await SimProcess(
         num_gpu_blocks=1025, max_num_seqs=128, max_model_len=512, decode_ms_base=4.0
-    ).start()
+    ).astart()
     tenants = [
         {"name": "conc", "api_keys": [digest("k-conc")], "max_concurrency": 3},
         {"name": "rpm", "api_keys": [digest("k-rpm")], "rpm": 10},
@@ -186,7 +186,7 @@ async def test_tenant_limits_hold_across_replicas(tmp_path):
 async def test_killed_replica_leases_expire(tmp_path):
     engine = await SimProcess(
         num_gpu_blocks=1025, max_num_seqs=64, max_model_len=512, decode_ms_base=20.0
-    ).start()
+    ).astart()
     try:
         async with (
             replicas(config(engine), 2, tmp_path) as (doomed, survivor),
@@ -221,7 +221,7 @@ async def test_killed_replica_leases_expire(tmp_path):
 @pytest.mark.parametrize("on_failure", ["fail_closed", "fail_open_local"])
 async def test_redis_restart_mid_load(tmp_path, on_failure):
     private = RedisServer().start()
-    engine = await SimProcess(num_gpu_blocks=1025, max_num_seqs=64, max_model_len=512).start()
+    engine = await SimProcess(num_gpu_blocks=1025, max_num_seqs=64, max_model_len=512).astart()
     prefix = f"t{uuid.uuid4().hex[:10]}"
     try:
         cfg = config(engine, redis_url=private.url, prefix=prefix)
@@ -259,7 +259,7 @@ async def test_redis_restart_counts_running_requests_again(tmp_path):
     private = RedisServer().start()
     engine = await SimProcess(
         num_gpu_blocks=1025, max_num_seqs=64, max_model_len=512, decode_ms_base=20.0
-    ).start()
+    ).astart()
     try:
         cfg = config(engine, redis_url=private.url)
         async with (

@@ -11,8 +11,8 @@ import time
 import httpx
 import pytest
 
+from gateway.harness import free_port
 from gateway.sim import cli
-from tests.integration.processes import free_port
 
 
 def test_flags_map_onto_sim_config() -> None:

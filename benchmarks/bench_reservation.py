@@ -1,6 +1,6 @@
 """`worst_case` against `predicted` reservations, same engine, same load, one run.
 
-    python loadtest/bench_reservation.py [--seconds 20] [--clients 48] [--long-fraction 0.1]
+    python benchmarks/bench_reservation.py [--seconds 20] [--clients 48] [--long-fraction 0.1]
 
 For each mode, a fresh simulated engine (`python -m gateway.sim`: 512 usable blocks of 16
 tokens, max_num_seqs 64, 8 ms + 0.1 ms per sequence per decode step) and a fresh
@@ -40,7 +40,7 @@ LONG_TOKENS = 600
 
 def start(workdir: Path, mode: str, kv_ceiling: float) -> tuple[list[Child], str, str]:
     engine, engine_url = start_engine(
-        workdir, ENGINE, name=f"engine-{mode}", decode_ms=(8, 0.1), prefill_ms_per_token=0.005
+        workdir, ENGINE, decode_ms=(8, 0.1), prefill_ms_per_token=0.005
     )
     cfg = {
         "engines": [{"name": "sim", "url": engine_url, **ENGINE}],
@@ -53,7 +53,7 @@ def start(workdir: Path, mode: str, kv_ceiling: float) -> tuple[list[Child], str
         },
         "health": {"scrape_interval_s": 0.5},
     }
-    gateway, gateway_url = start_gateway(workdir, cfg, name=f"gateway-{mode}")
+    gateway, gateway_url = start_gateway(workdir, cfg)
     return [gateway, engine], engine_url, gateway_url
 
 

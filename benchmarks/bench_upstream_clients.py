@@ -1,6 +1,6 @@
 """CPU per request of the two HTTP clients the gateway could use upstream, in one run.
 
-    python loadtest/bench_upstream_clients.py [--requests 2000] [--concurrency 1,32] [--rounds 2]
+    python benchmarks/bench_upstream_clients.py [--requests 2000] [--concurrency 1,32] [--rounds 2]
 
 Starts a zero-cost simulated engine (`python -m gateway.sim`, all step times 0) in a child
 process on 127.0.0.1, then, in this process, sends the same small completion (7-token
@@ -17,26 +17,18 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import socket
-import subprocess
-import sys
 import time
 from collections.abc import Awaitable, Callable
 
 import aiohttp
 import httpx
 
+from gateway.harness import SimProcess
+
 BODY = json.dumps(
     {"model": "tiny", "prompt": list(range(100, 107)), "max_tokens": 8, "ignore_eos": True}
 ).encode()
 HEADERS = {"content-type": "application/json", "x-request-id": "bench"}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 async def measure(name: str, one: Callable[[], Awaitable[None]], n: int, c: int) -> None:
@@ -100,28 +92,17 @@ def main() -> None:
     )
     parser.add_argument("--rounds", type=int, default=2)
     args = parser.parse_args()
-    port = free_port()
-    # fmt: off
-    engine = subprocess.Popen([
-        sys.executable, "-m", "gateway.sim", "--host", "127.0.0.1", "--port", str(port),
-        "--num-gpu-blocks", "65536", "--max-num-seqs", "1024",
-        "--decode-ms-base", "0", "--decode-ms-per-seq", "0", "--prefill-ms-per-token", "0",
-    ], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    # fmt: on
+    engine = SimProcess(
+        num_gpu_blocks=65536,
+        max_num_seqs=1024,
+        decode_ms_base=0,
+        decode_ms_per_seq=0,
+        prefill_ms_per_token=0,
+    ).start()
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                httpx.get(f"http://127.0.0.1:{port}/health").raise_for_status()
-                break
-            except httpx.HTTPError:
-                if time.monotonic() > deadline or engine.poll() is not None:
-                    raise SystemExit("the simulated engine did not start") from None
-                time.sleep(0.1)
-        asyncio.run(run(args, f"http://127.0.0.1:{port}/v1/completions"))
+        asyncio.run(run(args, f"{engine.url}/v1/completions"))
     finally:
-        engine.terminate()
-        engine.wait(10)
+        engine.stop()
 
 
 if __name__ == "__main__":

@@ -5,7 +5,7 @@ max_num_seqs 8, 20 concurrent streaming completions of 200 tokens (prompt ~20 to
 ignore_eos). Seen there: at most 5 running, up to 18 waiting, 9–17 preemptions, time to first
 token from 0.07 s to 3.8 s, every request completing.
 
-    .venv/bin/python loadtest/sim_vs_vllm.py [--requests 20] [--max-tokens 200]
+    .venv/bin/python benchmarks/sim_vs_vllm.py [--requests 20] [--max-tokens 200]
 """
 
 from __future__ import annotations

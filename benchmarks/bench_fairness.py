@@ -1,9 +1,9 @@
 """Fairness of the waiting line, measured on the in-process store with a simulated clock.
 
-    .venv/bin/python loadtest/bench_fairness.py [--seconds 3600] [--seeds 1-5]
+    .venv/bin/python benchmarks/bench_fairness.py [--seconds 3600] [--seeds 1-5]
                                                 [--burst-blocks 32] [--headroom 0.2]
                                                 [--kv-share-variant]
-    .venv/bin/python loadtest/bench_fairness.py --wakeup [--redis-url redis://127.0.0.1:6379/0]
+    .venv/bin/python benchmarks/bench_fairness.py --wakeup [--redis-url redis://127.0.0.1:6379/0]
 
 Prints figures; asserts nothing about timing. The same `InMemoryStore` the gateway runs
 (`gateway.core.fairqueue` order with its burst credit, `gateway.core.headroom`, no

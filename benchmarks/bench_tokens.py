@@ -1,6 +1,6 @@
 """Speed and error of every token counter, against the exact count of the bundled tokenizer.
 
-    python loadtest/bench_tokens.py [--seconds 0.3] [--no-engine]
+    python benchmarks/bench_tokens.py [--seconds 0.3] [--no-engine]
 
 For prompts (short 200 chars, medium 4 KiB, long 64 KiB) and chats (2 short messages, 8 turns
 of 4 KiB), of English prose (the Python LICENSE.txt) and of code (stdlib ``json`` package
@@ -17,7 +17,6 @@ import argparse
 import asyncio
 import os
 import platform
-import socket
 import statistics
 import subprocess
 import sys
@@ -29,6 +28,7 @@ from typing import Any
 
 import aiohttp
 
+from gateway.harness import free_port
 from gateway.tokens import HfTokenizer, TokenCounter, bundled_tokenizer_path, make_counter
 
 MODEL = "tiny"
@@ -131,13 +131,6 @@ def serve_tokenize(port: int) -> None:
 
     app = Starlette(routes=[Route("/tokenize", tokenize, methods=["POST"])])
     uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", access_log=False)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 async def wait_ready(client: aiohttp.ClientSession, url: str) -> None:

@@ -1,6 +1,6 @@
 """What the gateway costs: added latency, streaming time to first byte, request-rate ceiling.
 
-    python loadtest/bench_overhead.py [--requests 500] [--concurrency 32] [--seconds 5]
+    python benchmarks/bench_overhead.py [--requests 500] [--concurrency 32] [--seconds 5]
                                       [--rounds 3] [--client-procs 1] [--json out.json]
                                       [--profile gateway.txt]
 
@@ -39,14 +39,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import ctypes
 import json
 import multiprocessing as mp
 import os
 import platform
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -60,7 +58,8 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import httpx
-import yaml
+
+from gateway.harness import Child, GatewayProcess, SimProcess
 
 MODEL = "tiny"
 PROMPT = "Say hello in one short sentence."
@@ -96,95 +95,27 @@ HEADERS = {"content-type": "application/json"}
 # Child processes
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
-def _die_with_parent() -> None:
-    """In the child, before exec: SIGTERM when the benchmark process dies (Linux only)."""
-    with contextlib.suppress(Exception):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-
-
-@dataclass
-class Child:
-    name: str
-    proc: subprocess.Popen[bytes]
-    log: Path
-
-    @property
-    def pid(self) -> int:
-        return self.proc.pid
-
-    def tail(self, lines: int = 20) -> str:
-        with contextlib.suppress(OSError):
-            return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
-        return ""
-
-    def stop(self) -> None:
-        """SIGTERM (uvicorn drains), then SIGKILL after 10 s; idempotent."""
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=5)
-
-
-def spawn(name: str, cmd: list[str], workdir: Path) -> Child:
-    log = workdir / f"{name}.log"
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
-            cmd,
-            stdin=subprocess.DEVNULL,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,  # Ctrl-C reaches only us; we stop the children in order
-            preexec_fn=_die_with_parent if sys.platform == "linux" else None,
-        )
-    return Child(name, proc, log)
-
-
-def wait_healthy(child: Child, url: str) -> None:
-    deadline = time.monotonic() + STARTUP_TIMEOUT_S
-    while time.monotonic() < deadline:
-        if child.proc.poll() is not None:
-            raise RuntimeError(f"{child.name} exited during start-up:\n{child.tail()}")
-        with contextlib.suppress(httpx.HTTPError):
-            if httpx.get(url + "/health", timeout=1.0).status_code == 200:
-                return
-        time.sleep(0.1)
-    raise RuntimeError(f"{child.name} not healthy within {STARTUP_TIMEOUT_S:g} s:\n{child.tail()}")
-
-
 def start_engine(
     workdir: Path,
     engine: dict[str, int] = ENGINE,
     *,
-    name: str = "engine",
     decode_ms: tuple[float, float] = (0.0, 0.0),
     prefill_ms_per_token: float = 0.0,
 ) -> tuple[Child, str]:
     """A simulated engine of that geometry (`decode_ms`: base and per-sequence step cost)."""
-    port = free_port()
-    cmd = [
-        sys.executable, "-m", "gateway.sim", "--host", "127.0.0.1", "--port", str(port),
-        "--num-gpu-blocks", str(engine["num_gpu_blocks"]),
-        "--block-size", str(engine["block_size"]),
-        "--max-num-seqs", str(engine["max_num_seqs"]),
-        "--max-model-len", str(engine["max_model_len"]),
-        "--decode-ms-base", str(decode_ms[0]), "--decode-ms-per-seq", str(decode_ms[1]),
-        "--prefill-ms-per-token", str(prefill_ms_per_token),
-        "--log-level", "warning",
-    ]  # fmt: skip
-    child = spawn(name, cmd, workdir)
-    url = f"http://127.0.0.1:{port}"
-    wait_healthy(child, url)
-    return child, url
+    sim = SimProcess(
+        workdir=workdir,
+        num_gpu_blocks=engine["num_gpu_blocks"],
+        block_size=engine["block_size"],
+        max_num_seqs=engine["max_num_seqs"],
+        max_model_len=engine["max_model_len"],
+        decode_ms_base=decode_ms[0],
+        decode_ms_per_seq=decode_ms[1],
+        prefill_ms_per_token=prefill_ms_per_token,
+        own_session=True,  # Ctrl-C reaches only us; we stop the children in order
+        startup_timeout_s=STARTUP_TIMEOUT_S,
+    )
+    return sim.start(), sim.url
 
 
 def gateway_config(engine_url: str, tokenizer: str, redis_url: str | None) -> dict[str, Any]:
@@ -199,21 +130,10 @@ def gateway_config(engine_url: str, tokenizer: str, redis_url: str | None) -> di
     return cfg
 
 
-def start_gateway(
-    workdir: Path, cfg: dict[str, Any], *, name: str = "gateway"
-) -> tuple[Child, str]:
+def start_gateway(workdir: Path, cfg: dict[str, Any]) -> tuple[Child, str]:
     """`kv-gateway serve` with that configuration."""
-    config = workdir / f"{name}.yaml"
-    config.write_text(yaml.safe_dump(cfg, sort_keys=False))
-    port = free_port()
-    cmd = [
-        sys.executable, "-m", "gateway.cli", "serve", "--config", str(config),
-        "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning",
-    ]  # fmt: skip
-    child = spawn(name, cmd, workdir)
-    url = f"http://127.0.0.1:{port}"
-    wait_healthy(child, url)
-    return child, url
+    gateway = GatewayProcess(cfg, workdir, startup_timeout_s=STARTUP_TIMEOUT_S, own_session=True)
+    return gateway.start(), gateway.url
 
 
 # ---------------------------------------------------------------------------------------------
