@@ -6,9 +6,8 @@ import hashlib
 import hmac
 
 from gateway.config import TenantConfig
-from gateway.core.types import TenantPolicy
+from gateway.core.types import DEFAULT_TENANT, TenantPolicy
 from gateway.errors import Unauthorized
-from gateway.state.base import DEFAULT_TENANT
 
 
 def policy_of(t: TenantConfig) -> TenantPolicy:
@@ -26,7 +25,13 @@ def policy_of(t: TenantConfig) -> TenantPolicy:
 
 class Authenticator:
     def __init__(self, tenants: list[TenantConfig]) -> None:
-        self._keys: list[tuple[bytes, TenantPolicy]] = [
+        self._keys: list[tuple[bytes, TenantPolicy]] = []
+        self.load(tenants)
+
+    def load(self, tenants: list[TenantConfig]) -> None:
+        """Take these tenants' keys and limits, in place of the ones held (SIGHUP reload):
+        requests that arrive from now on are authenticated against them."""
+        self._keys = [
             (bytes.fromhex(digest), policy_of(t)) for t in tenants for digest in t.api_keys
         ]
 

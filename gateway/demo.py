@@ -15,8 +15,8 @@ import signal
 from typing import TYPE_CHECKING
 
 from gateway.config import GatewayConfig, parse_config
+from gateway.embedded import running_app
 from gateway.http.app import create_app
-from gateway.http.embedded import running_app
 from gateway.runtime import build_runtime
 from gateway.serve import configure_logging
 
@@ -107,7 +107,7 @@ async def run_demo(host: str, port: int) -> None:
         cfg = demo_config(engines)
         runtime = await build_runtime(cfg)
         url = await stack.enter_async_context(
-            running_app(create_app(cfg, runtime), host=host, port=port)
+            running_app(create_app(runtime), host=host, port=port)
         )
         print(banner(url, engines), flush=True)
         await stop.wait()

@@ -49,6 +49,12 @@ class ContextOverflow(BadRequest):
     code = "context_length_exceeded"
 
 
+class PayloadTooLarge(GatewayError):
+    status = 413
+    type = "invalid_request_error"
+    code = "payload_too_large"
+
+
 class Unauthorized(GatewayError):
     status = 401
     type = "invalid_request_error"

@@ -7,7 +7,7 @@ import os
 import random
 import socket
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from urllib.parse import urlsplit, urlunsplit
 
 from gateway.auth import Authenticator
@@ -17,7 +17,8 @@ from gateway.core.routing import Router
 from gateway.engines.monitor import EngineMonitor
 from gateway.engines.pool import EnginePool
 from gateway.engines.setup import resolve_engines
-from gateway.http.metrics import GatewayMetrics
+from gateway.exchange import Exchanges
+from gateway.metrics import GatewayMetrics
 from gateway.proxy import Upstream
 from gateway.scheduler import Scheduler
 from gateway.service import Service
@@ -32,6 +33,8 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class Runtime:
+    """The composition root: every long-lived piece, built once and handed to who needs it."""
+
     cfg: GatewayConfig
     upstream: Upstream
     pool: EnginePool
@@ -40,14 +43,15 @@ class Runtime:
     service: Service
     auth: Authenticator
     monitor: EngineMonitor
-    metrics: GatewayMetrics = field(default_factory=GatewayMetrics)
+    metrics: GatewayMetrics
+    exchanges: Exchanges
 
     def reload_tenants(self, new: GatewayConfig) -> list[str]:
         """Take `new`'s tenants (keys and limits) for the requests that arrive from now on;
         requests already admitted keep what they were admitted under. Returns the other
         top-level sections that differ from the running configuration: they need a
         restart and are left as they are."""
-        self.auth = Authenticator(new.tenants)
+        self.auth.load(new.tenants)
         self.cfg = self.cfg.model_copy(update={"tenants": new.tenants})
         running, wanted = self.cfg.model_dump(), new.model_dump()
         return sorted(k for k in wanted if k != "tenants" and wanted[k] != running.get(k))
@@ -153,7 +157,20 @@ def _assemble(
         prediction=cfg.admission.prediction.policy(),
     )
     monitor = EngineMonitor(pool, upstream.client, cfg.health)
+    metrics = GatewayMetrics()
+    exchanges = Exchanges(
+        service=service, upstream=upstream, ejector=monitor, pool=pool, metrics=metrics
+    )
     monitor.start()
     return Runtime(
-        cfg, upstream, pool, store, scheduler, service, Authenticator(cfg.tenants), monitor
+        cfg=cfg,
+        upstream=upstream,
+        pool=pool,
+        store=store,
+        scheduler=scheduler,
+        service=service,
+        auth=Authenticator(cfg.tenants),
+        monitor=monitor,
+        metrics=metrics,
+        exchanges=exchanges,
     )

@@ -15,11 +15,10 @@ from dataclasses import dataclass, field
 
 from gateway.core.retry import ReleaseRate, RetryAdvice, advise_retry
 from gateway.core.routing import Candidate
-from gateway.core.types import EngineLoad, Footprint, TenantPolicy
+from gateway.core.types import DEFAULT_TENANT, EngineLoad, Footprint, TenantPolicy
 from gateway.engines.pool import EnginePool
 from gateway.errors import NoEngine, RateLimited
 from gateway.state.base import (
-    DEFAULT_TENANT,
     AdmissionAsk,
     Lease,
     QueueEntry,

@@ -11,9 +11,9 @@ import sys
 import uvicorn
 
 from gateway.config import ConfigError, GatewayConfig, load_config
+from gateway.embedded import EmbeddedServer
 from gateway.engines.discovery import DiscoveryError
 from gateway.http.app import create_app
-from gateway.http.embedded import EmbeddedServer
 from gateway.runtime import Runtime, build_runtime
 
 log = logging.getLogger("gateway")
@@ -53,7 +53,7 @@ async def serve(
     """Discover the engines, then serve until SIGINT/SIGTERM (uvicorn drains in-flight
     requests). SIGHUP reads `config_path` again and applies its `tenants:`."""
     runtime = await build_runtime(cfg)
-    app = create_app(cfg, runtime)
+    app = create_app(runtime)
     server = EmbeddedServer(
         uvicorn.Config(
             app,

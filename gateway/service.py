@@ -15,12 +15,14 @@ from gateway.core.admission import NeverFits, place
 from gateway.core.footprint import output_budget
 from gateway.core.kvmath import ceil_div
 from gateway.core.reservation import OutputLengths, PredictionPolicy, blocks_short
-from gateway.core.types import EngineSpec, RequestShape, TenantPolicy
+from gateway.core.tenants import RateLimitValues
+from gateway.core.types import DEFAULT_TENANT, EngineSpec, RequestShape, TenantPolicy
 from gateway.engines.pool import EnginePool
 from gateway.errors import BadRequest, ContextOverflow, ModelNotFound, UpstreamUnavailable
-from gateway.http.parse import Inbound
+from gateway.request import Inbound
 from gateway.scheduler import Ask, Scheduler
-from gateway.state.base import DEFAULT_TENANT, Lease
+from gateway.state.base import Lease
+from gateway.state.errors import StateUnavailable
 from gateway.tokens import EngineTokenizeError, TokenCountError
 from gateway.tokens.protocol import TokenCounter, prompt_token_counts
 
@@ -93,6 +95,13 @@ class Service:
         )
         lease = await self.scheduler.admit(ask)
         return Admitted(lease, self.spec(lease.engine), shape)
+
+    async def rate_limits(self, tenant: TenantPolicy) -> RateLimitValues | None:
+        """The tenant's rate limits as they stand; None when the store cannot say."""
+        try:
+            return await self.scheduler.store.rate_limits(tenant)
+        except StateUnavailable:
+            return None
 
     async def release(self, lease: Lease, used_tokens: int | None = None) -> None:
         await self.scheduler.release(lease, used_tokens)

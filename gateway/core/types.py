@@ -140,3 +140,7 @@ class TenantPolicy:
     priority: int = 0
     weight: float = 1.0
     max_queued: int | None = None
+
+
+DEFAULT_TENANT = TenantPolicy()
+"""Everyone's tenant when no tenants are configured."""

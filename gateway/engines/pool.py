@@ -84,6 +84,19 @@ class EnginePool:
             reported_seqs=e.reported_seqs,
         )
 
+    def answer_started(self, name: str) -> None:
+        """The data plane received a 200 answer's status from the engine (see `progress`)."""
+        e = self._engines.get(name)
+        if e is not None:
+            e.starts += 1
+            e.progress += 1
+
+    def answer_progressed(self, name: str) -> None:
+        """The data plane received a chunk of an answer from the engine."""
+        e = self._engines.get(name)
+        if e is not None:
+            e.progress += 1
+
     def mark_unhealthy(self, name: str, reason: str, *, retry_at: float) -> None:
         e = self._engines[name]
         if e.healthy:

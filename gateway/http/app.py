@@ -1,10 +1,14 @@
-"""The Starlette application: OpenAI routes, health, and an admin view of the gateway's state."""
+"""The Starlette application: OpenAI routes, health, and an admin view of the gateway's state.
+
+Each route is given what it reads (the pool, the store, the metrics) when the app is made
+from a built `Runtime`; nothing looks the runtime up per request.
+"""
 
 from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.applications import Starlette
@@ -15,95 +19,65 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
-from gateway.config import GatewayConfig
+from gateway import status
 from gateway.errors import GatewayError
 from gateway.http.completions import CompletionsEndpoint
-from gateway.runtime import Runtime, build_runtime
+from gateway.runtime import Runtime
 
 _STARTED = int(time.time())
 
-
-def _runtime(request: Request) -> Runtime:
-    runtime: Runtime = request.app.state.runtime
-    return runtime
+Handler = Callable[[Request], Awaitable[Response]]
 
 
-async def list_models(request: Request) -> Response:
-    models = _runtime(request).pool.models()
-    data = [
-        {
-            "id": name,
-            "object": "model",
-            "created": _STARTED,
-            "owned_by": "kv-gateway",
-            "root": name,
-            "parent": None,
-            "max_model_len": max_len,
-        }
-        for name, max_len in sorted(models.items())
-    ]
-    return JSONResponse({"object": "list", "data": data})
+def _routes(runtime: Runtime) -> list[Route]:
+    pool, store, metrics = runtime.pool, runtime.store, runtime.metrics
+    kv_ceiling = runtime.cfg.admission.kv_ceiling
 
-
-async def health(request: Request) -> Response:
-    return JSONResponse({"status": "ok"})
-
-
-async def ready(request: Request) -> Response:
-    """Ready when every served model has at least one healthy engine."""
-    runtime = _runtime(request)
-    models = {
-        m: [e.spec.name for e in runtime.pool.serving(m) if e.healthy]
-        for m in runtime.pool.models()
-    }
-    missing = sorted(m for m, engines in models.items() if not engines)
-    body = {"status": "not ready" if missing else "ready", "models": models, "unserved": missing}
-    return JSONResponse(body, status_code=503 if missing else 200)
-
-
-async def metrics(request: Request) -> Response:
-    runtime = _runtime(request)
-    return Response(await runtime.metrics.render(runtime), media_type=CONTENT_TYPE_LATEST)
-
-
-async def status(request: Request) -> Response:
-    """What the gateway believes: engines (with where each value came from), loads, queue."""
-    runtime = _runtime(request)
-    loads = await runtime.store.loads()
-    engines = []
-    for state in runtime.pool:
-        spec = state.spec
-        load = loads.get(spec.name)
-        engines.append(
+    async def list_models(request: Request) -> Response:
+        data = [
             {
-                "name": spec.name,
-                "url": spec.url,
-                "models": sorted(spec.models),
-                "healthy": state.healthy,
-                "last_error": state.last_error,
-                "reported": {
-                    "used_blocks": state.used_blocks,
-                    "running": state.running,
-                    "waiting": state.waiting,
-                    "kv_cache_usage": state.kv_cache_usage,
-                    "num_preemptions": state.preemptions,
-                    "age_s": None
-                    if state.last_scrape is None
-                    else round(time.monotonic() - state.last_scrape, 3),
-                },
-                "num_gpu_blocks": spec.num_gpu_blocks,
-                "block_size": spec.block_size,
-                "max_num_seqs": spec.max_num_seqs,
-                "max_model_len": spec.max_model_len,
-                "capacity_blocks": spec.capacity_blocks(runtime.cfg.admission.kv_ceiling),
-                "reserved_blocks": load.reserved_blocks if load else 0,
-                "reserved_seqs": load.reserved_seqs if load else 0,
-                "sources": state.sources,
+                "id": name,
+                "object": "model",
+                "created": _STARTED,
+                "owned_by": "kv-gateway",
+                "root": name,
+                "parent": None,
+                "max_model_len": max_len,
             }
-        )
-    return JSONResponse(
-        {"engines": engines, "queue": {"length": await runtime.store.queue_length()}}
-    )
+            for name, max_len in sorted(pool.models().items())
+        ]
+        return JSONResponse({"object": "list", "data": data})
+
+    async def health(request: Request) -> Response:
+        return JSONResponse({"status": "ok"})
+
+    async def ready(request: Request) -> Response:
+        """Ready when every served model has at least one healthy engine."""
+        models = {m: [e.spec.name for e in pool.serving(m) if e.healthy] for m in pool.models()}
+        missing = sorted(m for m, engines in models.items() if not engines)
+        body = {
+            "status": "not ready" if missing else "ready",
+            "models": models,
+            "unserved": missing,
+        }
+        return JSONResponse(body, status_code=503 if missing else 200)
+
+    async def metrics_page(request: Request) -> Response:
+        page = await metrics.render(store, pool, runtime.service.output_lengths, kv_ceiling)
+        return Response(page, media_type=CONTENT_TYPE_LATEST)
+
+    async def admin_status(request: Request) -> Response:
+        """What the gateway believes: engines (with where each value came from), loads, queue."""
+        return JSONResponse(await status.snapshot(store, pool, kv_ceiling))
+
+    get: list[tuple[str, Handler]] = [
+        ("/v1/models", list_models),
+        ("/health", health),
+        ("/ready", ready),
+        ("/metrics", metrics_page),
+        ("/admin/status", admin_status),
+    ]
+    return [Route(path, handler, methods=["GET"]) for path, handler in get]
 
 
 async def gateway_error(request: Request, exc: Exception) -> Response:
@@ -145,29 +119,27 @@ class GatewayApp:
         await self.starlette(scope, receive, send)
 
 
-def create_app(cfg: GatewayConfig, runtime: Runtime | None = None) -> GatewayApp:
-    """The gateway app. Pass a `runtime` already built (engines discovered) to start faster and
-    report start-up errors before binding; otherwise it is built in the lifespan."""
+def create_app(runtime: Runtime) -> GatewayApp:
+    """The gateway app over a built `runtime` (engines discovered: start-up errors come
+    before binding); the app's lifespan closes the runtime at shutdown."""
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        app.state.runtime = runtime or await build_runtime(cfg)
         try:
             yield
         finally:
-            await app.state.runtime.aclose()
+            await runtime.aclose()
 
+    limit = runtime.cfg.upstream.max_body_bytes
     hot = {
-        "/v1/chat/completions": CompletionsEndpoint("chat"),
-        "/v1/completions": CompletionsEndpoint("completion"),
+        "/v1/chat/completions": CompletionsEndpoint("chat", runtime.exchanges, runtime.auth, limit),
+        "/v1/completions": CompletionsEndpoint(
+            "completion", runtime.exchanges, runtime.auth, limit
+        ),
     }
     routes = [
         *(Route(path, endpoint, methods=["POST"]) for path, endpoint in hot.items()),
-        Route("/v1/models", list_models, methods=["GET"]),
-        Route("/health", health, methods=["GET"]),
-        Route("/ready", ready, methods=["GET"]),
-        Route("/metrics", metrics, methods=["GET"]),
-        Route("/admin/status", status, methods=["GET"]),
+        *_routes(runtime),
     ]
     starlette = Starlette(
         routes=routes,

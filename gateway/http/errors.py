@@ -4,17 +4,11 @@ stream has started. Never a stack trace."""
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING
 
 from starlette.types import Send
 
-from gateway.core.types import TenantPolicy
+from gateway.core.tenants import RateLimitValues
 from gateway.errors import GatewayError
-from gateway.state.errors import StateUnavailable
-
-if TYPE_CHECKING:
-    from gateway.runtime import Runtime
-    from gateway.state.base import Lease
 
 
 def error_response_parts(
@@ -50,19 +44,10 @@ def duration(seconds: float) -> str:
     return f"{int(minutes)}m{text}" if minutes else text
 
 
-async def rate_limit_headers(
-    runtime: Runtime, tenant: TenantPolicy, lease: Lease | None = None
-) -> list[tuple[bytes, bytes]]:
-    """`x-ratelimit-*` headers for a tenant with request or token limits; none otherwise.
-    From the lease when its admission reported them, else asked of the store."""
-    if tenant.rpm is None and tenant.tpm is None:
-        return []
-    state = lease.rates if lease is not None and lease.rates is not None else None
+def rate_limit_headers(state: RateLimitValues | None) -> list[tuple[bytes, bytes]]:
+    """`x-ratelimit-*` headers for the limits a tenant has (none when `state` is None)."""
     if state is None:
-        try:
-            state = await runtime.store.rate_limits(tenant)
-        except StateUnavailable:  # advisory headers: not worth failing the answer for
-            return []
+        return []
     out: list[tuple[bytes, bytes]] = []
     for kind, limit, remaining, reset in (
         ("requests", state.limit_requests, state.remaining_requests, state.reset_requests_s),

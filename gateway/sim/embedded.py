@@ -1,7 +1,7 @@
 """Simulated engines inside the current event loop, on ephemeral loopback ports.
 
 For tests and `kv-gateway demo`: ``async with running_sim(cfg) as base_url`` serves one
-engine (through `gateway.http.embedded.running_app`) and stops it cleanly on exit.
+engine (through `gateway.embedded.running_app`) and stops it cleanly on exit.
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import AsyncIterator
 
-from gateway.http.embedded import running_app
+from gateway.embedded import running_app
 from gateway.sim.server import SimConfig, create_app
 
 

@@ -26,9 +26,7 @@ from typing import Literal, Protocol
 
 from gateway.core.routing import Candidate
 from gateway.core.tenants import RateLimitValues
-from gateway.core.types import EngineLoad, TenantPolicy
-
-DEFAULT_TENANT = TenantPolicy()
+from gateway.core.types import DEFAULT_TENANT, EngineLoad, TenantPolicy
 
 
 @dataclass(frozen=True, slots=True)

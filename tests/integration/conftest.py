@@ -13,8 +13,8 @@ import httpx
 import pytest
 
 from gateway.config import parse_config
+from gateway.embedded import running_app
 from gateway.http.app import create_app
-from gateway.http.embedded import running_app
 from gateway.runtime import Runtime, build_runtime
 from gateway.sim.server import SimConfig
 from gateway.sim.server import create_app as create_sim_app
@@ -79,7 +79,7 @@ async def gateway_over(sims: list[SimConfig], **overrides: Any) -> AsyncIterator
             raw[key] = value
         cfg = parse_config(raw)
         runtime = await build_runtime(cfg)
-        url = await stack.enter_async_context(running_app(create_app(cfg, runtime)))
+        url = await stack.enter_async_context(running_app(create_app(runtime)))
         yield Gateway(url, runtime, engines)
 
 

@@ -20,8 +20,8 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from gateway.config import parse_config
+from gateway.embedded import running_app
 from gateway.http.app import create_app
-from gateway.http.embedded import running_app
 from gateway.runtime import build_runtime
 
 Handler = Callable[[Request], Awaitable[Response]]
@@ -61,7 +61,7 @@ async def gateway_in_front(app: Starlette, **raw: Any) -> AsyncIterator[str]:
             }
         )
         runtime = await build_runtime(cfg)
-        async with running_app(create_app(cfg, runtime)) as url:
+        async with running_app(create_app(runtime)) as url:
             yield url
 
 

@@ -9,9 +9,9 @@ import httpx
 import openai
 
 from gateway.config import parse_config
+from gateway.embedded import running_app
 from gateway.harness import SimProcess
 from gateway.http.app import create_app
-from gateway.http.embedded import running_app
 from gateway.runtime import build_runtime
 
 SIM = dict(
@@ -36,7 +36,7 @@ async def gateway(engines, **overrides):
     raw.update(overrides)
     cfg = parse_config(raw)
     runtime = await build_runtime(cfg)
-    async with running_app(create_app(cfg, runtime)) as url:
+    async with running_app(create_app(runtime)) as url:
         yield url, runtime
 
 

@@ -6,15 +6,11 @@ down (`kv_gateway_state_up 0`) and keeps the gauges read from Redis at their las
 """
 
 import asyncio
-import types
 import uuid
 
 import httpx
 import pytest
 
-from gateway.core.types import TenantPolicy
-from gateway.http.errors import rate_limit_headers
-from gateway.state.errors import StateUnavailable
 from tests.integration.conftest import FAST, gateway_over
 from tests.state.tcp_proxy import TcpProxy
 
@@ -69,12 +65,3 @@ async def test_endpoints_answer_while_redis_is_unreachable(on_failure):
             assert gauge(back.text, "kv_gateway_state_up") == 1
     finally:
         await proxy.stop()
-
-
-async def test_rate_limit_headers_are_left_out_when_the_store_cannot_say():
-    class Down:
-        async def rate_limits(self, tenant):
-            raise StateUnavailable("redis unreachable")
-
-    runtime = types.SimpleNamespace(store=Down())
-    assert await rate_limit_headers(runtime, TenantPolicy("t", rpm=5)) == []  # type: ignore[arg-type]

@@ -5,9 +5,15 @@ from dataclasses import replace
 import pytest
 
 from gateway.core.routing import Candidate
-from gateway.core.types import EngineLoad, EngineSpec, EngineView, Footprint, TenantPolicy
-from gateway.state.base import (
+from gateway.core.types import (
     DEFAULT_TENANT,
+    EngineLoad,
+    EngineSpec,
+    EngineView,
+    Footprint,
+    TenantPolicy,
+)
+from gateway.state.base import (
     AdmissionAsk,
     Lease,
     QueueEntry,

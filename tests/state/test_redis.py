@@ -10,8 +10,8 @@ from dataclasses import replace
 import pytest
 import redis.asyncio as aioredis
 
-from gateway.core.types import EngineLoad, TenantPolicy
-from gateway.state.base import DEFAULT_TENANT, Lease, QueueEntry, Refusal
+from gateway.core.types import DEFAULT_TENANT, EngineLoad, TenantPolicy
+from gateway.state.base import Lease, QueueEntry, Refusal
 from gateway.state.errors import StateUnavailable
 from gateway.state.redis import RedisStore
 from gateway.state.totals import StoreTotals

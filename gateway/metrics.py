@@ -7,15 +7,14 @@ read from the store and the pool when scraped.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from gateway.core.reservation import OutputLengths
 from gateway.core.types import EngineLoad
+from gateway.engines.pool import EnginePool
+from gateway.state.base import StateStore
 from gateway.state.errors import StateUnavailable
-
-if TYPE_CHECKING:
-    from gateway.runtime import Runtime
 
 WAIT_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
 
@@ -100,29 +99,34 @@ class GatewayMetrics:
             registry=self.registry,
         )
 
-    async def render(self, runtime: Runtime) -> bytes:
+    async def render(
+        self,
+        store: StateStore,
+        pool: EnginePool,
+        output_lengths: Mapping[str, OutputLengths],
+        kv_ceiling: float,
+    ) -> bytes:
+        """The page: counters as they stand, gauges read now from the store and the pool."""
         # Scraped most when something is wrong: an unreachable Redis leaves the gauges read
         # from it at their last values and says so, rather than failing the scrape.
         loads: Mapping[str, EngineLoad] | None
         try:
-            loads = await runtime.store.loads()
-            self.queue_length.set(await runtime.store.queue_length())
+            loads = await store.loads()
+            self.queue_length.set(await store.queue_length())
         except StateUnavailable:
             loads = None
         # `fail_open_local` answers from its local share instead of raising: down all the same.
-        self.state_up.set(0 if loads is None or runtime.store.degraded else 1)
-        for state in runtime.pool:
+        self.state_up.set(0 if loads is None or store.degraded else 1)
+        for state in pool:
             name = state.spec.name
             if loads is not None:
                 load = loads.get(name)
                 self.reserved_blocks.labels(name).set(load.reserved_blocks if load else 0)
                 self.reserved_seqs.labels(name).set(load.reserved_seqs if load else 0)
-            self.capacity_blocks.labels(name).set(
-                state.spec.capacity_blocks(runtime.cfg.admission.kv_ceiling)
-            )
+            self.capacity_blocks.labels(name).set(state.spec.capacity_blocks(kv_ceiling))
             self.engine_healthy.labels(name).set(1 if state.healthy else 0)
             self.engine_used_blocks.labels(name).set(state.used_blocks or 0)
-        for model, lengths in runtime.service.output_lengths.items():
+        for model, lengths in output_lengths.items():
             predicted = lengths.predicted()
             if predicted is not None:
                 self.predicted_output.labels(model).set(predicted)

@@ -3,7 +3,7 @@ import json
 import pytest
 
 from gateway.errors import BadRequest
-from gateway.http.parse import parse_body
+from gateway.request import parse_body
 
 
 def body(**kw):

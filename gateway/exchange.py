@@ -1,0 +1,294 @@
+"""One request's life after parsing: admit → open the upstream → relay → settle.
+
+The HTTP edge (`gateway/http/completions.py`) reads the body, authenticates and parses it,
+then hands the rest of the request's life to an `Exchange`, and speaks ASGI with what it
+gets back:
+
+    exchange = exchanges.start("chat", request_id)
+    try:
+        answer = await exchange.open(tenant, inbound, body)   # a lease, then the engine's status
+        ...send answer.status and answer.headers...
+        async for chunk in exchange.relay():                  # progress, top-up, usage meter
+            ...send chunk...
+    except GatewayError as e:
+        exchange.fail(e)                                       # counted under its code
+        ...render e...
+    finally:
+        await exchange.settle()                                # refund, learn, release, count
+
+The policies live here, each testable without sockets: the engine is reached through an
+`Upstream` (`gateway.proxy.Upstream` in production), as httpx puts a transport behind its
+client.
+
+- **Failover.** A connection failure before any byte of the answer ejects the engine and
+  moves the reservation to another engine, once: released first (its tokens back, as the
+  engine never saw the request), taken again there, never counted twice.
+- **Refund** (`tokens_used`). The tenant's whole token charge comes back when the engine
+  provably generated nothing (it could not be reached, or answered an error, whole or
+  streamed). Otherwise the charge becomes the usage read from the answer; when that is
+  unknown (a client gone before a whole answer arrived, a timeout) the whole charge is kept:
+  the engine may have generated all of it, and refunding it would let a tenant pass its TPM
+  by giving up on each request.
+- **Learning.** Only a whole 200 answer that reached the client teaches the output length.
+- **Release.** Exactly once, in `settle`, shielded from a second cancellation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+from gateway.core.tenants import RateLimitValues
+from gateway.core.types import DEFAULT_TENANT, EngineSpec, TenantPolicy
+from gateway.engines.pool import EnginePool
+from gateway.errors import GatewayError, ModelNotFound, UpstreamUnavailable
+from gateway.metrics import GatewayMetrics
+from gateway.request import Inbound, Kind
+from gateway.service import Admitted, Service
+from gateway.state.base import Lease
+from gateway.usage import UsageMeter
+
+log = logging.getLogger(__name__)
+
+PATHS: dict[Kind, str] = {"chat": "/v1/chat/completions", "completion": "/v1/completions"}
+UNKNOWN_MODEL = "unknown"
+"""The `model` label of requests naming a model no engine serves (a client's string would
+otherwise become a metric label forever)."""
+PASS_BACK = (b"content-type", b"content-length", b"content-encoding", b"cache-control")
+"""Response headers passed from the engine to the client."""
+
+
+class UpstreamAnswer(Protocol):
+    """An engine's answer: status and headers at once, the body as it arrives. `aclose()`
+    must follow; errors reading the body are `GatewayError`s (502, 504)."""
+
+    @property
+    def status_code(self) -> int: ...
+
+    @property
+    def raw_headers(self) -> list[tuple[bytes, bytes]]: ...
+
+    async def read(self) -> bytes: ...
+
+    def chunks(self) -> AsyncIterator[bytes]: ...
+
+    async def aclose(self) -> None: ...
+
+
+class Upstream(Protocol):
+    """Sends a request to an engine; raises `UpstreamUnavailable` (502: nothing reached the
+    engine) or `UpstreamTimeout` (504)."""
+
+    async def open(
+        self, base_url: str, path: str, body: bytes, headers: dict[str, str], *, streaming: bool
+    ) -> UpstreamAnswer: ...
+
+
+class Ejector(Protocol):
+    """Takes an engine out of routing (the engine monitor)."""
+
+    def eject(self, name: str, reason: str) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """What the client is sent first: the engine's status, the headers to pass back, the
+    engine that answers, and the tenant's rate limits as this admission left them."""
+
+    status: int
+    headers: list[tuple[bytes, bytes]]
+    engine: str
+    rates: RateLimitValues | None
+
+
+def tokens_used(*, nothing_generated: bool, metered: int | None) -> int | None:
+    """The refund rule: what the tenant is charged in the end, None = the whole charge (see
+    the module docstring)."""
+    return 0 if nothing_generated else metered
+
+
+class Exchanges:
+    """Makes an `Exchange` per request; holds what every exchange works with."""
+
+    def __init__(
+        self,
+        *,
+        service: Service,
+        upstream: Upstream,
+        ejector: Ejector,
+        pool: EnginePool,
+        metrics: GatewayMetrics,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.service = service
+        self.upstream = upstream
+        self.ejector = ejector
+        self.pool = pool
+        self.metrics = metrics
+        self.clock = clock
+
+    def start(self, kind: Kind, request_id: str) -> Exchange:
+        return Exchange(self, kind, request_id)
+
+
+class Exchange:
+    """One request, from its parsed body to its release. Not reusable."""
+
+    def __init__(self, desk: Exchanges, kind: Kind, request_id: str) -> None:
+        self._desk = desk
+        self.kind = kind
+        self.request_id = request_id
+        self.arrived = desk.clock()
+        self.tenant: TenantPolicy = DEFAULT_TENANT
+        self.model = ""
+        self.streaming = False
+        self.outcome = "cancelled"  # until the answer starts or an error is counted
+        self.lease: Lease | None = None
+        self._inbound: Inbound | None = None
+        self._admitted: Admitted | None = None
+        self._response: UpstreamAnswer | None = None
+        self._meter: UsageMeter | None = None
+        self._completed = False  # the engine's whole 200 answer reached the client
+        # Provably no tokens generated: the engine could not be reached, or answered an error.
+        self._nothing_generated = False
+
+    async def open(self, tenant: TenantPolicy, inbound: Inbound, body: bytes) -> Answer:
+        """Reserve (waiting in line if need be), then send the request to the lease's engine,
+        failing over once; returns once the engine's status is in. Raises `GatewayError`."""
+        desk = self._desk
+        self.tenant, self._inbound = tenant, inbound
+        self.model, self.streaming = inbound.model, inbound.stream
+        admitted = await desk.service.admit(inbound, tenant)
+        desk.metrics.admission_wait.labels(self.model).observe(desk.clock() - self.arrived)
+        self.lease = admitted.lease
+        admitted, response = await self._send_with_failover(admitted, body)
+        self._admitted, self._response = admitted, response
+        self._meter = UsageMeter(streaming=self.streaming, prompt_tokens=admitted.prompt_tokens)
+        status = response.status_code
+        if status >= 400:
+            self._nothing_generated = True  # the engine refused or failed it
+        if status >= 500:
+            text = (await response.read()).decode(errors="replace")[:500]
+            raise UpstreamUnavailable(f"engine {admitted.engine.name!r} answered {status}: {text}")
+        if status == 200:
+            # The monitor reads these: an engine whose answers keep coming, and that starts
+            # new ones, is not hung, however slow its /health (see engines/monitor.py).
+            desk.pool.answer_started(admitted.engine.name)
+        headers = [(k, v) for k, v in response.raw_headers if k.lower() in PASS_BACK]
+        rates = admitted.lease.rates  # as the admission left them: no second trip
+        if rates is None:
+            rates = await self.rate_limits()
+        return Answer(status, headers, admitted.engine.name, rates)
+
+    async def relay(self) -> AsyncIterator[bytes]:
+        """The engine's answer, chunk by chunk as it arrives, metered on the way; a
+        predicted reservation's stream extends its lease as it outgrows it."""
+        response, meter, admitted = self._response, self._meter, self._admitted
+        assert response is not None and meter is not None and admitted is not None
+        desk, engine = self._desk, admitted.engine.name
+        ok = response.status_code == 200
+        self.outcome = str(response.status_code)
+        follow = self.streaming and desk.service.reservation == "predicted"
+        first = True
+        async for chunk in response.chunks():
+            if ok:
+                desk.pool.answer_progressed(engine)
+            meter.feed(chunk)
+            if follow:
+                await self._top_up(meter.streamed_tokens)
+            yield chunk
+            if first and ok:
+                desk.metrics.first_byte.labels(self.model).observe(desk.clock() - self.arrived)
+                first = False
+        self._completed = ok
+        if ok:
+            desk.metrics.duration.labels(self.model).observe(desk.clock() - self.arrived)
+
+    def fail(self, error: GatewayError) -> None:
+        """Count the request under `error`'s code."""
+        self.outcome = error.code or str(error.status)
+        if isinstance(error, ModelNotFound):
+            self.model = UNKNOWN_MODEL
+
+    async def rate_limits(self) -> RateLimitValues | None:
+        """The tenant's rate limits now (for a refusal's headers); None when it has none or
+        the store cannot say (advisory: not worth failing the answer for)."""
+        if self.tenant.rpm is None and self.tenant.tpm is None:
+            return None
+        return await self._desk.service.rate_limits(self.tenant)
+
+    async def settle(self) -> None:
+        """Close the upstream answer (aborting it inside vLLM unless it was read to its end),
+        then count, learn and release. Call once, in `finally`, whatever happened."""
+        desk = self._desk
+        if self._response is not None:
+            await self._response.aclose()
+        desk.metrics.requests.labels(self.model, self.outcome).inc()
+        if self.lease is None:
+            return
+        meter = self._meter
+        used = tokens_used(
+            nothing_generated=self._nothing_generated,
+            metered=meter.total_tokens() if meter is not None else None,
+        )
+        if self._completed and meter is not None and self._admitted is not None:
+            generated = meter.completion_tokens()
+            if generated is not None:
+                desk.service.observe_output(
+                    self.model, self._admitted.shape, generated, self.tenant.name
+                )
+        lease, self.lease = self.lease, None
+        # Shielded: a second cancellation must not lose the release.
+        await asyncio.shield(desk.service.release(lease, used))
+
+    async def _send_with_failover(
+        self, admitted: Admitted, body: bytes
+    ) -> tuple[Admitted, UpstreamAnswer]:
+        desk = self._desk
+        try:
+            return admitted, await self._send(admitted.engine, body)
+        except UpstreamUnavailable as e:
+            desk.ejector.eject(admitted.engine.name, e.message)
+            lease, self.lease = self.lease, None
+            assert lease is not None and self._inbound is not None
+            # The engine never saw it: its tokens come back before they are charged again.
+            # Shielded: a client leaving now must not lose the release.
+            await asyncio.shield(desk.service.release(lease, 0))
+            admitted = await desk.service.admit(
+                self._inbound,
+                self.tenant,
+                exclude=frozenset({admitted.engine.name}),
+                shape=admitted.shape,
+            )
+            self.lease = admitted.lease
+            try:
+                return admitted, await self._send(admitted.engine, body)
+            except UpstreamUnavailable:
+                self._nothing_generated = True  # never reached the second engine either
+                raise
+
+    async def _send(self, engine: EngineSpec, body: bytes) -> UpstreamAnswer:
+        headers = {
+            "content-type": "application/json",
+            "accept-encoding": "identity",
+            "x-request-id": self.request_id,
+        }
+        return await self._desk.upstream.open(
+            engine.url, PATHS[self.kind], body, headers, streaming=self.streaming
+        )
+
+    async def _top_up(self, generated: int) -> None:
+        """Extend the lease of a stream that outgrew it, so admission counts its blocks now."""
+        assert self._admitted is not None and self.lease is not None
+        service = self._desk.service
+        more = service.top_up(self._admitted, self.lease, generated)
+        if more:
+            before = self.lease.blocks
+            self.lease = await service.extend(self.lease, more)
+            if self.lease.blocks > before:  # not when the store could not extend it
+                added = self.lease.blocks - before
+                self._desk.metrics.extended_blocks.labels(self.model).inc(added)
