@@ -58,6 +58,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="schedule a prompt only when it fits whole in a step's budget",
     )
     add(
+        "--enable-prefix-caching",
+        action=argparse.BooleanOptionalAction,
+        default=d.enable_prefix_caching,
+        help="automatic prefix caching, vLLM v1's default (--no-enable-prefix-caching: off)",
+    )
+    add(
+        "--enable-prompt-tokens-details",
+        action="store_true",
+        help="report usage.prompt_tokens_details.cached_tokens (vLLM's flag; off by default)",
+    )
+    add(
         "--prefill-ms-per-token",
         type=float,
         default=d.prefill_ms_per_token,
@@ -101,6 +112,8 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         seed=args.seed,
         tokenizer=args.tokenizer,
         chunked_prefill=args.chunked_prefill,
+        enable_prefix_caching=args.enable_prefix_caching,
+        enable_prompt_tokens_details=args.enable_prompt_tokens_details,
         host=args.host,
         port=args.port,
     )
@@ -117,7 +130,8 @@ def run(args: argparse.Namespace) -> int:
     print(
         f"simulated vLLM engine {cfg.served_model_name!r}: {cfg.num_gpu_blocks} blocks of "
         f"{cfg.block_size} tokens, max_num_seqs {cfg.max_num_seqs}, max_model_len "
-        f"{cfg.max_model_len} on http://{cfg.host}:{cfg.port}",
+        f"{cfg.max_model_len}, prefix caching {'on' if cfg.enable_prefix_caching else 'off'} "
+        f"on http://{cfg.host}:{cfg.port}",
         file=sys.stderr,
         flush=True,
     )

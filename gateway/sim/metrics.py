@@ -73,7 +73,7 @@ def _cache_config_labels(limits: EngineLimits, gpu_memory_utilization: float) ->
     return {
         "block_size": str(limits.block_size),
         "cache_dtype": "auto",
-        "enable_prefix_caching": "False",
+        "enable_prefix_caching": str(limits.enable_prefix_caching),
         "engine": ENGINE_INDEX,
         "gpu_memory_utilization": str(gpu_memory_utilization),
         "kv_cache_max_concurrency": str(limits.num_gpu_blocks / per_request),
@@ -122,7 +122,22 @@ class _EngineCollector(Collector):
             snap.num_preemptions,
         )
         yield self._counter(
+            "vllm:prefix_cache_queries",
+            "Prefix cache queries, in terms of number of queried tokens.",
+            snap.prefix_cache_queries,
+        )
+        yield self._counter(
+            "vllm:prefix_cache_hits",
+            "Prefix cache hits, in terms of number of cached tokens.",
+            snap.prefix_cache_hits,
+        )
+        yield self._counter(
             "vllm:prompt_tokens", "Number of prefill tokens processed.", snap.prompt_tokens
+        )
+        yield self._counter(
+            "vllm:prompt_tokens_cached",
+            "Number of cached prompt tokens (local + external).",
+            snap.prompt_tokens_cached,
         )
         yield self._counter(
             "vllm:generation_tokens",

@@ -62,6 +62,7 @@ class GenerationRequest:
     # The limit when ``max_tokens`` is None: 16 for completions that left it out (vLLM's
     # default), None (up to ``max_model_len``) for chat and for an explicit null.
     default_max_tokens: int | None = None
+    cache_salt: str | None = None  # mixed into the prefix cache's first block hash
 
 
 def parse_json(raw: bytes) -> dict[str, Any]:
@@ -125,6 +126,7 @@ def parse_generation(
         include_usage=include_usage,
         ignore_eos=_optional_bool(body, "ignore_eos") or False,
         seed=_optional_int(body, "seed"),
+        cache_salt=_cache_salt(body),
         default_max_tokens=(
             COMPLETIONS_DEFAULT_MAX_TOKENS
             if kind == "completion" and "max_tokens" not in body
@@ -219,6 +221,15 @@ def _token_prompt(ids: list[Any], tokenizer: HfTokenizer) -> tuple[int, ...]:
         if not 0 <= token_id < tokenizer.vocab_size:
             raise bad_request(f"Token id {token_id} is out of vocabulary", "prompt")
     return tuple(ids)
+
+
+def _cache_salt(body: Mapping[str, Any]) -> str | None:
+    salt = body.get("cache_salt")
+    if salt is not None and (not isinstance(salt, str) or not salt):
+        raise bad_request(
+            "Parameter 'cache_salt' must be a non-empty string if provided.", "cache_salt"
+        )
+    return salt
 
 
 def _is_int(value: object) -> bool:

@@ -58,6 +58,8 @@ class SimConfig:
     seed: int = 0
     tokenizer: Path = field(default=BUNDLED_TOKENIZER_DIR)
     chunked_prefill: bool = True
+    enable_prefix_caching: bool = True  # vLLM v1's default
+    enable_prompt_tokens_details: bool = False  # usage.prompt_tokens_details.cached_tokens
     gpu_memory_utilization: float = 0.92  # only reported in vllm:cache_config_info
     host: str = "127.0.0.1"
     port: int = 8001
@@ -71,6 +73,7 @@ class SimConfig:
             max_num_batched_tokens=self.max_num_batched_tokens,
             max_model_len=self.max_model_len,
             chunked_prefill=self.chunked_prefill,
+            enable_prefix_caching=self.enable_prefix_caching,
         )
 
     def timing(self) -> StepTiming:
@@ -180,12 +183,16 @@ async def _sim_state(state: SimState, request: Request) -> Response:
     """Debug view of the scheduler (not a vLLM endpoint)."""
     engine = state.engine
     snap = engine.snapshot()
+    pool = engine.block_pool
     return JSONResponse(
         {
             "num_gpu_blocks": engine.limits.num_gpu_blocks,
             "usable_blocks": engine.limits.usable_blocks,
             "block_size": engine.limits.block_size,
+            "enable_prefix_caching": engine.limits.enable_prefix_caching,
             "used_blocks": snap.used_blocks,
+            "cached_blocks": pool.num_cached,
+            "evictable_blocks": pool.num_evictable,
             "kv_cache_usage": snap.kv_cache_usage,
             "running": snap.running,
             "waiting": snap.waiting,
@@ -207,6 +214,8 @@ class _Choice:
     plan: OutputPlan
     generated: int = 0
     ended: bool = False
+    ended_order: int = 0  # 1 for the first choice to end, 2 for the next...
+    num_cached_tokens: int = 0
 
 
 class _GenerationEndpoint:
@@ -230,11 +239,12 @@ class _GenerationEndpoint:
         sink: asyncio.Queue[Event] = asyncio.Queue()
         try:
             for choice in choices:
-                spec = RequestSpec(
+                spec = RequestSpec.of_tokens(
                     choice.engine_id,
-                    len(request.prompts[choice.index // request.n]),
-                    len(choice.plan),
+                    request.prompts[choice.index // request.n],
+                    choice.plan.token_ids,
                     choice.plan.finish_reason,
+                    cache_salt=request.cache_salt,
                 )
                 loop.submit(spec, sink)
             await _until_disconnect(job.run(sink), receive)
@@ -285,6 +295,8 @@ class _Job:
         self._send = send
         self._id = request_id
         self._created = int(time.time())
+        self._tokens_details = state.cfg.enable_prompt_tokens_details
+        self._num_ended = 0
 
     async def run(self, sink: asyncio.Queue[Event]) -> None:
         if self._request.stream:
@@ -299,7 +311,10 @@ class _Job:
             if isinstance(event, Generated):
                 choice.generated = event.index + 1
             elif isinstance(event, Ended):
+                self._num_ended += 1
                 choice.ended = True
+                choice.ended_order = self._num_ended
+                choice.num_cached_tokens = event.num_cached_tokens
             yield choice, event
 
     async def _collect(self, sink: asyncio.Queue[Event]) -> None:
@@ -318,6 +333,7 @@ class _Job:
             done,
             self._prompt_tokens,
             self._completion_tokens(),
+            self._cached_tokens(),
         )
         await _send_json(self._send, 200, body)
 
@@ -353,6 +369,7 @@ class _Job:
                     request.model,
                     self._prompt_tokens,
                     self._completion_tokens(),
+                    self._cached_tokens(),
                 )
             )
         await self._send({"type": "http.response.body", "body": b"data: [DONE]\n\n"})
@@ -378,6 +395,24 @@ class _Job:
 
     def _completion_tokens(self) -> int:
         return sum(c.generated for c in self._choices.values())
+
+    def _cached_tokens(self) -> int | None:
+        """``usage.prompt_tokens_details.cached_tokens`` as vLLM reports it, or None.
+
+        vLLM reports the cached tokens of one engine request: the last prompt's (completions
+        read the last result), and of its sequences (``n > 1``) the one that ended last.
+        """
+        if not self._tokens_details:
+            return None
+        last_prompt = max(c.index for c in self._choices.values()) // self._request.n
+        ended = [
+            c
+            for c in self._choices.values()
+            if c.index // self._request.n == last_prompt and c.ended
+        ]
+        if not ended:
+            return None
+        return max(ended, key=lambda c: c.ended_order).num_cached_tokens
 
 
 async def _read_body(receive: Receive) -> bytes | None:

@@ -27,6 +27,10 @@ def test_flags_map_onto_sim_config() -> None:
     assert (cfg.num_gpu_blocks, cfg.block_size, cfg.max_model_len) == (6, 128, 512)
     assert cfg.served_model_name == "m" and cfg.decode_ms_per_seq == 0.5
     assert cfg.chunked_prefill is False
+    assert cfg.enable_prefix_caching is True and cfg.enable_prompt_tokens_details is False
+    args = parser.parse_args(["--no-enable-prefix-caching", "--enable-prompt-tokens-details"])
+    cfg = cli.config_from_args(args)
+    assert cfg.enable_prefix_caching is False and cfg.enable_prompt_tokens_details is True
 
 
 def test_impossible_geometry_is_refused_at_start() -> None:

@@ -27,6 +27,9 @@ ALSO_EXPORTED = (
     "vllm:time_to_first_token_seconds_bucket",
     "vllm:time_to_first_token_seconds_count",
     "vllm:time_to_first_token_seconds_sum",
+    "vllm:prefix_cache_queries_total",
+    "vllm:prefix_cache_hits_total",
+    "vllm:prompt_tokens_cached_total",
 )
 
 
@@ -71,7 +74,18 @@ async def test_cache_config_info_reports_the_geometry(
     assert sample.value == 1.0
     assert sample.labels["block_size"] == "128"
     assert sample.labels["num_gpu_blocks"] == "6"
-    assert sample.labels["enable_prefix_caching"] == "False"
+    assert sample.labels["enable_prefix_caching"] == "True"  # vLLM v1's default, as captured
     # As in the real 6-block capture: 768 tokens, 1.5x concurrency at 512 tokens.
     assert sample.labels["kv_cache_size_tokens"] == "768"
     assert sample.labels["kv_cache_max_concurrency"] == "1.5"
+
+
+async def test_cache_config_info_reports_prefix_caching_off(
+    sim: SimFactory, client: httpx.AsyncClient
+) -> None:
+    async with sim(enable_prefix_caching=False) as url:
+        page = (await client.get(f"{url}/metrics")).text
+    (family,) = (
+        f for f in text_string_to_metric_families(page) if f.name == "vllm:cache_config_info"
+    )
+    assert family.samples[0].labels["enable_prefix_caching"] == "False"
