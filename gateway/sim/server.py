@@ -36,6 +36,7 @@ from gateway.sim.protocol import (
     parse_generation,
     parse_json,
     parse_tokenize,
+    render_prompts,
 )
 from gateway.tokens.hf import BUNDLED_TOKENIZER_DIR, HfTokenizer
 
@@ -88,6 +89,7 @@ class SimState:
         self.created = int(time.time())
         self.tokenizer = HfTokenizer.load(cfg.tokenizer)
         self.planner = OutputPlanner(self.tokenizer, cfg.seed)
+        self.max_chars_per_token = max_chars_per_token(self.tokenizer)
         self.engine = Engine(cfg.limits(), cfg.timing())
         self.metrics = EngineMetrics(
             model_name=cfg.served_model_name,
@@ -101,6 +103,11 @@ class SimState:
 
     def alive(self) -> bool:
         return self.task is not None and not self.task.done()
+
+
+def max_chars_per_token(tokenizer: HfTokenizer) -> int:
+    """The longest token string of the vocabulary: vLLM's bound on characters per token."""
+    return max(len(tokenizer.id_to_token(i) or "") for i in range(tokenizer.vocab_size))
 
 
 def create_app(cfg: SimConfig) -> Starlette:
@@ -230,18 +237,18 @@ class _GenerationEndpoint:
         if raw is None:
             return  # the client left before we had the request
         try:
-            request, request_id, choices = self._decide(raw)
+            request, request_id, prompts, choices = self._decide(raw)
         except ApiError as err:
             await _send_json(send, err.status, err.body())
             return
-        job = _Job(self._state, request, request_id, choices, send)
+        job = _Job(self._state, request, request_id, prompts, choices, send)
         loop = self._state.loop
         sink: asyncio.Queue[Event] = asyncio.Queue()
         try:
             for choice in choices:
                 spec = RequestSpec.of_tokens(
                     choice.engine_id,
-                    request.prompts[choice.index // request.n],
+                    prompts[choice.index // request.n],
                     choice.plan.token_ids,
                     choice.plan.finish_reason,
                     cache_salt=request.cache_salt,
@@ -254,26 +261,33 @@ class _GenerationEndpoint:
                 if not choice.ended:
                     loop.abort(choice.engine_id)
 
-    def _decide(self, raw: bytes) -> tuple[GenerationRequest, str, list[_Choice]]:
+    def _decide(
+        self, raw: bytes
+    ) -> tuple[GenerationRequest, str, tuple[tuple[int, ...], ...], list[_Choice]]:
+        """Parse, render and plan a request, or raise the ``ApiError`` vLLM would answer."""
         state = self._state
+        cfg = state.cfg
         request = parse_generation(
-            self._kind,
-            parse_json(raw),
-            served_model_name=state.cfg.served_model_name,
+            self._kind, parse_json(raw), served_model_name=cfg.served_model_name
+        )
+        prompts = render_prompts(
+            request,
             tokenizer=state.tokenizer,
+            max_model_len=cfg.max_model_len,
+            max_chars_per_token=state.max_chars_per_token,
         )
         prefix = "chatcmpl" if self._kind == "chat" else "cmpl"
         request_id = f"{prefix}-{uuid.uuid4().hex}"
         choices: list[_Choice] = []
-        for p, prompt in enumerate(request.prompts):
-            budget = output_budget(request, len(prompt), state.cfg.max_model_len)
+        for p, prompt in enumerate(prompts):
+            budget = output_budget(request, len(prompt), cfg.max_model_len)
             for j in range(request.n):  # vLLM v1 fans n out into n sequences
                 plan = state.planner.plan(
                     prompt, budget, ignore_eos=request.ignore_eos, seed=request.seed, index=j
                 )
                 index = p * request.n + j
                 choices.append(_Choice(index, f"{request_id}-{index}", plan))
-        return request, request_id, choices
+        return request, request_id, prompts, choices
 
 
 class _Job:
@@ -284,6 +298,7 @@ class _Job:
         state: SimState,
         request: GenerationRequest,
         request_id: str,
+        prompts: tuple[tuple[int, ...], ...],
         choices: list[_Choice],
         send: Send,
     ) -> None:
@@ -291,7 +306,7 @@ class _Job:
         self._request = request
         self._choices = {c.engine_id: c for c in choices}
         # vLLM counts each prompt once, however many choices (n) it has.
-        self._prompt_tokens = sum(len(p) for p in request.prompts)
+        self._prompt_tokens = sum(len(p) for p in prompts)
         self._send = send
         self._id = request_id
         self._created = int(time.time())
