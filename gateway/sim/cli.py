@@ -69,6 +69,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="report usage.prompt_tokens_details.cached_tokens (vLLM's flag; off by default)",
     )
     add(
+        "--max-num-queued-reqs",
+        type=_non_negative_int,
+        default=d.max_num_queued_reqs,
+        help="refuse (503) a request when waiting + running sequences would exceed this "
+        "(vLLM's flag; default: no limit)",
+    )
+    add(
+        "--max-num-queued-tokens",
+        type=_non_negative_int,
+        default=d.max_num_queued_tokens,
+        help="refuse (503) a request while the prompts not yet prefilled hold this many tokens "
+        "(vLLM's flag; default: no limit)",
+    )
+    add(
         "--prefill-ms-per-token",
         type=float,
         default=d.prefill_ms_per_token,
@@ -98,6 +112,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--log-level", default="info", help="uvicorn log level (default %(default)s)")
 
 
+def _non_negative_int(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
+
+
 def config_from_args(args: argparse.Namespace) -> SimConfig:
     return SimConfig(
         served_model_name=args.served_model_name,
@@ -114,6 +135,8 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         chunked_prefill=args.chunked_prefill,
         enable_prefix_caching=args.enable_prefix_caching,
         enable_prompt_tokens_details=args.enable_prompt_tokens_details,
+        max_num_queued_reqs=args.max_num_queued_reqs,
+        max_num_queued_tokens=args.max_num_queued_tokens,
         host=args.host,
         port=args.port,
     )

@@ -12,11 +12,12 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterator
 
-from prometheus_client import CollectorRegistry, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from gateway.sim.engine import EngineLimits, EngineSnapshot
+from gateway.sim.front_door import REFUSAL_REASONS, RefusalReason
 
 # vLLM's buckets for vllm:time_to_first_token_seconds.
 TTFT_BUCKETS = (
@@ -59,9 +60,23 @@ class EngineMetrics:
             buckets=TTFT_BUCKETS,
             registry=self.registry,
         ).labels(**self._labels)
+        # A front-door counter: vLLM labels it by model and reason, without ``engine``.
+        rejections = Counter(
+            "vllm:admission_rejections",
+            "Number of admission attempts rejected by a queue limit, by reason.",
+            labelnames=("model_name", "reason"),
+            registry=self.registry,
+        )
+        self._rejections = {
+            reason: rejections.labels(model_name=model_name, reason=reason)
+            for reason in REFUSAL_REASONS
+        }
 
     def observe_time_to_first_token(self, seconds: float) -> None:
         self._ttft.observe(seconds)
+
+    def count_admission_rejection(self, reason: RefusalReason) -> None:
+        self._rejections[reason].inc()
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -10,6 +10,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from gateway.sim.front_door import RefusalReason
 from gateway.tokens.errors import TokenCountError
 from gateway.tokens.hf import HfTokenizer
 
@@ -46,6 +47,20 @@ def model_not_found(model: str) -> ApiError:
     return ApiError(404, "NotFoundError", f"The model `{model}` does not exist.", "model")
 
 
+# vLLM's QueueOverflowError and MaxQueuedTokensError (vllm/exceptions.py).
+_REFUSAL_MESSAGES = {
+    "max_num_queued_reqs": "The engine is currently busy and cannot accept new requests. "
+    "Please try again later or on a different instance.",
+    "max_num_queued_tokens": "The engine has reached its prefill token backlog limit. "
+    "Please try again later or on a different instance.",
+}
+
+
+def queue_refusal(reason: RefusalReason) -> ApiError:
+    """vLLM's 503 for a front-door refusal: ``type`` is the HTTP phrase, ``param`` null."""
+    return ApiError(503, "Service Unavailable", _REFUSAL_MESSAGES[reason])
+
+
 @dataclass(frozen=True)
 class ChatPrompt:
     """Chat messages, validated in shape, not yet rendered with the chat template."""
@@ -80,6 +95,12 @@ class GenerationRequest:
     default_max_tokens: int | None = None
     cache_salt: str | None = None  # mixed into the prefix cache's first block hash
     max_tokens_param: str = "max_tokens"  # the field max_tokens came from, for errors
+
+    @property
+    def num_sequences(self) -> int:
+        """Engine sequences this request becomes: ``n`` per prompt."""
+        prompts = 1 if isinstance(self.prompt, ChatPrompt) else len(self.prompt.items)
+        return prompts * self.n
 
 
 def parse_json(raw: bytes) -> dict[str, Any]:

@@ -26,6 +26,7 @@ from starlette.types import Receive, Scope, Send
 
 from gateway.sim import responses
 from gateway.sim.engine import Engine, EngineLimits, RequestSpec, StepTiming
+from gateway.sim.front_door import QueueLimits
 from gateway.sim.generation import OutputPlan, OutputPlanner
 from gateway.sim.loop import Ended, EngineLoop, Event, Generated
 from gateway.sim.metrics import EngineMetrics
@@ -36,6 +37,7 @@ from gateway.sim.protocol import (
     parse_generation,
     parse_json,
     parse_tokenize,
+    queue_refusal,
     render_prompts,
 )
 from gateway.tokens.hf import BUNDLED_TOKENIZER_DIR, HfTokenizer
@@ -61,6 +63,8 @@ class SimConfig:
     chunked_prefill: bool = True
     enable_prefix_caching: bool = True  # vLLM v1's default
     enable_prompt_tokens_details: bool = False  # usage.prompt_tokens_details.cached_tokens
+    max_num_queued_reqs: int | None = None  # vLLM's front-door limits (503), off by default
+    max_num_queued_tokens: int | None = None
     gpu_memory_utilization: float = 0.92  # only reported in vllm:cache_config_info
     host: str = "127.0.0.1"
     port: int = 8001
@@ -80,6 +84,9 @@ class SimConfig:
     def timing(self) -> StepTiming:
         return StepTiming(self.prefill_ms_per_token, self.decode_ms_base, self.decode_ms_per_seq)
 
+    def queue_limits(self) -> QueueLimits:
+        return QueueLimits(self.max_num_queued_reqs, self.max_num_queued_tokens)
+
 
 class SimState:
     """Everything one simulated engine owns; created by ``create_app``."""
@@ -91,6 +98,7 @@ class SimState:
         self.planner = OutputPlanner(self.tokenizer, cfg.seed)
         self.max_chars_per_token = max_chars_per_token(self.tokenizer)
         self.engine = Engine(cfg.limits(), cfg.timing())
+        self.queue_limits = cfg.queue_limits()
         self.metrics = EngineMetrics(
             model_name=cfg.served_model_name,
             limits=self.engine.limits,
@@ -270,6 +278,7 @@ class _GenerationEndpoint:
         request = parse_generation(
             self._kind, parse_json(raw), served_model_name=cfg.served_model_name
         )
+        self._check_queue_limits(request)
         prompts = render_prompts(
             request,
             tokenizer=state.tokenizer,
@@ -288,6 +297,19 @@ class _GenerationEndpoint:
                 index = p * request.n + j
                 choices.append(_Choice(index, f"{request_id}-{index}", plan))
         return request, request_id, prompts, choices
+
+    def _check_queue_limits(self, request: GenerationRequest) -> None:
+        """vLLM's front door, before the prompt is rendered (its ``_preflight``)."""
+        state = self._state
+        limits, engine = state.queue_limits, state.engine
+        reason = limits.refusal(
+            unfinished=engine.num_unfinished,
+            sequences=request.num_sequences,
+            prefill_backlog_tokens=engine.prefill_backlog_tokens() if limits.counts_tokens else 0,
+        )
+        if reason is not None:
+            state.metrics.count_admission_rejection(reason)
+            raise queue_refusal(reason)
 
 
 class _Job:

@@ -31,6 +31,12 @@ def test_flags_map_onto_sim_config() -> None:
     args = parser.parse_args(["--no-enable-prefix-caching", "--enable-prompt-tokens-details"])
     cfg = cli.config_from_args(args)
     assert cfg.enable_prefix_caching is False and cfg.enable_prompt_tokens_details is True
+    assert (cfg.max_num_queued_reqs, cfg.max_num_queued_tokens) == (None, None)
+    args = parser.parse_args(["--max-num-queued-reqs", "0", "--max-num-queued-tokens", "4096"])
+    cfg = cli.config_from_args(args)
+    assert (cfg.max_num_queued_reqs, cfg.max_num_queued_tokens) == (0, 4096)
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--max-num-queued-reqs", "-1"])
 
 
 def test_impossible_geometry_is_refused_at_start() -> None:

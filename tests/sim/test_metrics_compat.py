@@ -30,6 +30,7 @@ ALSO_EXPORTED = (
     "vllm:prefix_cache_queries_total",
     "vllm:prefix_cache_hits_total",
     "vllm:prompt_tokens_cached_total",
+    "vllm:admission_rejections_total",  # model_name and reason, no engine label
 )
 
 
