@@ -83,6 +83,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "(vLLM's flag; default: no limit)",
     )
     add(
+        "--reject-duplicate-request-ids",
+        action="store_true",
+        help="answer 400 to a request whose x-request-id is already in flight, as vLLM "
+        "0.7-0.10 did (default: accept, as current vLLM)",
+    )
+    add(
         "--prefill-ms-per-token",
         type=float,
         default=d.prefill_ms_per_token,
@@ -137,6 +143,7 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         enable_prompt_tokens_details=args.enable_prompt_tokens_details,
         max_num_queued_reqs=args.max_num_queued_reqs,
         max_num_queued_tokens=args.max_num_queued_tokens,
+        reject_duplicate_request_ids=args.reject_duplicate_request_ids,
         host=args.host,
         port=args.port,
     )

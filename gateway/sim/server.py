@@ -33,6 +33,7 @@ from gateway.sim.metrics import EngineMetrics
 from gateway.sim.protocol import (
     ApiError,
     GenerationRequest,
+    bad_request,
     output_budget,
     parse_generation,
     parse_json,
@@ -40,6 +41,7 @@ from gateway.sim.protocol import (
     queue_refusal,
     render_prompts,
 )
+from gateway.sim.request_ids import RequestIdLog
 from gateway.tokens.hf import BUNDLED_TOKENIZER_DIR, HfTokenizer
 
 SIM_VLLM_VERSION = "0.32.0+kvgateway.sim"
@@ -65,6 +67,7 @@ class SimConfig:
     enable_prompt_tokens_details: bool = False  # usage.prompt_tokens_details.cached_tokens
     max_num_queued_reqs: int | None = None  # vLLM's front-door limits (503), off by default
     max_num_queued_tokens: int | None = None
+    reject_duplicate_request_ids: bool = False  # older vLLM: a 400 for an id in flight
     gpu_memory_utilization: float = 0.92  # only reported in vllm:cache_config_info
     host: str = "127.0.0.1"
     port: int = 8001
@@ -99,6 +102,7 @@ class SimState:
         self.max_chars_per_token = max_chars_per_token(self.tokenizer)
         self.engine = Engine(cfg.limits(), cfg.timing())
         self.queue_limits = cfg.queue_limits()
+        self.request_ids = RequestIdLog()
         self.metrics = EngineMetrics(
             model_name=cfg.served_model_name,
             limits=self.engine.limits,
@@ -215,6 +219,9 @@ async def _sim_state(state: SimState, request: Request) -> Response:
             "peak_running": snap.peak_running,
             "peak_used_blocks": snap.peak_used_blocks,
             "requests": [vars(v) for v in engine.requests()],
+            # x-request-id values of generation requests, the last 10,000 in arrival order.
+            "x_request_ids": state.request_ids.recent(),
+            "x_request_ids_total": state.request_ids.total,
         }
     )
 
@@ -241,17 +248,23 @@ class _GenerationEndpoint:
         self._kind = kind
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        ids = self._state.request_ids
+        x_request_id = _header(scope, b"x-request-id")
+        if x_request_id is not None:
+            ids.received(x_request_id)
         raw = await _read_body(receive)
         if raw is None:
             return  # the client left before we had the request
         try:
-            request, request_id, prompts, choices = self._decide(raw)
+            request, request_id, prompts, choices = self._decide(raw, x_request_id)
         except ApiError as err:
             await _send_json(send, err.status, err.body())
             return
         job = _Job(self._state, request, request_id, prompts, choices, send)
         loop = self._state.loop
         sink: asyncio.Queue[Event] = asyncio.Queue()
+        if x_request_id is not None:
+            ids.started(x_request_id)
         try:
             for choice in choices:
                 spec = RequestSpec.of_tokens(
@@ -268,11 +281,18 @@ class _GenerationEndpoint:
             for choice in choices:
                 if not choice.ended:
                     loop.abort(choice.engine_id)
+            if x_request_id is not None:
+                ids.ended(x_request_id)
 
     def _decide(
-        self, raw: bytes
+        self, raw: bytes, x_request_id: str | None
     ) -> tuple[GenerationRequest, str, tuple[tuple[int, ...], ...], list[_Choice]]:
-        """Parse, render and plan a request, or raise the ``ApiError`` vLLM would answer."""
+        """Parse, render and plan a request, or raise the ``ApiError`` vLLM would answer.
+
+        The answer's id is ``chatcmpl-<x-request-id>`` / ``cmpl-<x-request-id>`` when the header
+        is present (vLLM's base request id), else a fresh uuid. Engine sequence ids always get a
+        unique suffix, as current vLLM's do, so equal header values never collide in the engine.
+        """
         state = self._state
         cfg = state.cfg
         request = parse_generation(
@@ -286,7 +306,10 @@ class _GenerationEndpoint:
             max_chars_per_token=state.max_chars_per_token,
         )
         prefix = "chatcmpl" if self._kind == "chat" else "cmpl"
-        request_id = f"{prefix}-{uuid.uuid4().hex}"
+        if x_request_id is not None and cfg.reject_duplicate_request_ids:
+            self._check_duplicate(request, prefix, x_request_id)
+        request_id = f"{prefix}-{x_request_id or uuid.uuid4().hex}"
+        unique = "" if x_request_id is None else f"-{uuid.uuid4().hex[:8]}"
         choices: list[_Choice] = []
         for p, prompt in enumerate(prompts):
             budget = output_budget(request, len(prompt), cfg.max_model_len)
@@ -295,8 +318,18 @@ class _GenerationEndpoint:
                     prompt, budget, ignore_eos=request.ignore_eos, seed=request.seed, index=j
                 )
                 index = p * request.n + j
-                choices.append(_Choice(index, f"{request_id}-{index}", plan))
+                choices.append(_Choice(index, f"{request_id}-{index}{unique}", plan))
         return request, request_id, prompts, choices
+
+    def _check_duplicate(self, request: GenerationRequest, prefix: str, x_request_id: str) -> None:
+        """Older vLLM (0.7 to about 0.10): an id already in flight is a 400 from its output
+        processor, naming the first engine request id it would have added."""
+        if not self._state.request_ids.in_flight(x_request_id):
+            return
+        engine_id = f"{prefix}-{x_request_id}" + ("" if self._kind == "chat" else "-0")
+        if request.n > 1:
+            engine_id = f"0_{engine_id}"  # vLLM's id of a request's first child
+        raise bad_request(f"Request id {engine_id} already running.")
 
     def _check_queue_limits(self, request: GenerationRequest) -> None:
         """vLLM's front door, before the prompt is rendered (its ``_preflight``)."""
@@ -450,6 +483,15 @@ class _Job:
         if not ended:
             return None
         return max(ended, key=lambda c: c.ended_order).num_cached_tokens
+
+
+def _header(scope: Scope, name: bytes) -> str | None:
+    """The first value of a request header (``name`` in lower case), decoded as latin-1."""
+    for key, value in scope.get("headers", ()):
+        if key == name:
+            decoded: str = value.decode("latin-1")
+            return decoded
+    return None
 
 
 async def _read_body(receive: Receive) -> bytes | None:

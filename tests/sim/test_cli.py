@@ -37,6 +37,9 @@ def test_flags_map_onto_sim_config() -> None:
     assert (cfg.max_num_queued_reqs, cfg.max_num_queued_tokens) == (0, 4096)
     with pytest.raises(SystemExit):
         parser.parse_args(["--max-num-queued-reqs", "-1"])
+    assert cfg.reject_duplicate_request_ids is False
+    args = parser.parse_args(["--reject-duplicate-request-ids"])
+    assert cli.config_from_args(args).reject_duplicate_request_ids is True
 
 
 def test_impossible_geometry_is_refused_at_start() -> None:
