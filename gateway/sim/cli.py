@@ -11,7 +11,6 @@ from pathlib import Path
 
 import uvicorn
 
-from gateway.sim.engine import EngineError
 from gateway.sim.server import SimConfig, create_app
 
 _DEFAULTS = SimConfig()
@@ -89,6 +88,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "0.7-0.10 did (default: accept, as current vLLM)",
     )
     add(
+        "--hide-metric",
+        dest="hidden_metrics",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="leave this metric family out of /metrics (repeatable; a testing aid to imitate "
+        "another vLLM version, e.g. vllm:num_preemptions_total)",
+    )
+    add(
         "--prefill-ms-per-token",
         type=float,
         default=d.prefill_ms_per_token,
@@ -144,6 +152,7 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         max_num_queued_reqs=args.max_num_queued_reqs,
         max_num_queued_tokens=args.max_num_queued_tokens,
         reject_duplicate_request_ids=args.reject_duplicate_request_ids,
+        hidden_metrics=tuple(args.hidden_metrics),
         host=args.host,
         port=args.port,
     )
@@ -154,7 +163,7 @@ def run(args: argparse.Namespace) -> int:
     cfg = config_from_args(args)
     try:
         app = create_app(cfg)
-    except EngineError as exc:
+    except ValueError as exc:  # EngineError, or a flag the simulator refuses at start
         print(f"kv-gateway sim: {exc}", file=sys.stderr)
         return 2
     print(

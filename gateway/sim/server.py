@@ -68,6 +68,7 @@ class SimConfig:
     max_num_queued_reqs: int | None = None  # vLLM's front-door limits (503), off by default
     max_num_queued_tokens: int | None = None
     reject_duplicate_request_ids: bool = False  # older vLLM: a 400 for an id in flight
+    hidden_metrics: tuple[str, ...] = ()  # families left out of /metrics (testing aid)
     gpu_memory_utilization: float = 0.92  # only reported in vllm:cache_config_info
     host: str = "127.0.0.1"
     port: int = 8001
@@ -109,6 +110,7 @@ class SimState:
             snapshot=self.engine.snapshot,
             started_at=time.time(),
             gpu_memory_utilization=cfg.gpu_memory_utilization,
+            hidden=cfg.hidden_metrics,
         )
         self.loop = EngineLoop(self.engine, self.metrics)
         self.task: asyncio.Task[None] | None = None

@@ -40,6 +40,15 @@ def test_flags_map_onto_sim_config() -> None:
     assert cfg.reject_duplicate_request_ids is False
     args = parser.parse_args(["--reject-duplicate-request-ids"])
     assert cli.config_from_args(args).reject_duplicate_request_ids is True
+    args = parser.parse_args(["--hide-metric", "vllm:cache_config_info", "--hide-metric", "x"])
+    assert cli.config_from_args(args).hidden_metrics == ("vllm:cache_config_info", "x")
+
+
+def test_an_unknown_hidden_metric_is_refused_at_start(capsys: pytest.CaptureFixture[str]) -> None:
+    parser = argparse.ArgumentParser()
+    cli.add_arguments(parser)
+    assert cli.run(parser.parse_args(["--hide-metric", "vllm:nope"])) == 2
+    assert "cannot hide vllm:nope" in capsys.readouterr().err
 
 
 def test_impossible_geometry_is_refused_at_start() -> None:

@@ -5,8 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import httpx
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from gateway.sim.server import SimConfig, create_app
 from tests.sim.conftest import SimFactory
 
 FIXTURE = Path(__file__).resolve().parent.parent / "fixtures" / "vllm" / "metrics-cpu-0.32.txt"
@@ -90,3 +92,29 @@ async def test_cache_config_info_reports_prefix_caching_off(
         f for f in text_string_to_metric_families(page) if f.name == "vllm:cache_config_info"
     )
     assert family.samples[0].labels["enable_prefix_caching"] == "False"
+
+
+async def test_hidden_metrics_are_left_out_of_the_page(
+    sim: SimFactory, client: httpx.AsyncClient
+) -> None:
+    hidden = ("vllm:num_preemptions_total", "vllm:cache_config_info", "vllm:prefix_cache_hits")
+    async with sim() as url:
+        full = _label_names((await client.get(f"{url}/metrics")).text)
+    async with sim(hidden_metrics=hidden) as url:
+        page = (await client.get(f"{url}/metrics")).text
+    ours = _label_names(page)
+    gone = {
+        "vllm:num_preemptions_total",
+        "vllm:num_preemptions_created",
+        "vllm:cache_config_info",
+        "vllm:prefix_cache_hits_total",
+        "vllm:prefix_cache_hits_created",
+    }
+    assert gone <= set(full) and not gone & set(ours)
+    assert set(ours) == set(full) - gone
+    assert "# HELP vllm:num_preemptions" not in page
+
+
+def test_hiding_a_metric_the_simulator_does_not_export_is_refused() -> None:
+    with pytest.raises(ValueError, match="cannot hide vllm:gpu_cache_usage_perc"):
+        create_app(SimConfig(hidden_metrics=("vllm:gpu_cache_usage_perc",)))
