@@ -117,33 +117,33 @@ def usage_chunk(
 
 
 def models(model: str, created: int, max_model_len: int) -> dict[str, Any]:
+    return {"object": "list", "data": [model_card(model, created, max_model_len)]}
+
+
+def model_card(model: str, created: int, max_model_len: int) -> dict[str, Any]:
+    """One entry of ``/v1/models``; also the body of ``/v1/models/{id}``."""
     return {
-        "object": "list",
-        "data": [
+        "id": model,
+        "object": "model",
+        "created": created,
+        "owned_by": "vllm",
+        "root": model,
+        "parent": None,
+        "max_model_len": max_model_len,
+        "permission": [
             {
-                "id": model,
-                "object": "model",
+                "id": f"modelperm-{model}",
+                "object": "model_permission",
                 "created": created,
-                "owned_by": "vllm",
-                "root": model,
-                "parent": None,
-                "max_model_len": max_model_len,
-                "permission": [
-                    {
-                        "id": f"modelperm-{model}",
-                        "object": "model_permission",
-                        "created": created,
-                        "allow_create_engine": False,
-                        "allow_sampling": True,
-                        "allow_logprobs": True,
-                        "allow_search_indices": False,
-                        "allow_view": True,
-                        "allow_fine_tuning": False,
-                        "organization": "*",
-                        "group": None,
-                        "is_blocking": False,
-                    }
-                ],
+                "allow_create_engine": False,
+                "allow_sampling": True,
+                "allow_logprobs": True,
+                "allow_search_indices": False,
+                "allow_view": True,
+                "allow_fine_tuning": False,
+                "organization": "*",
+                "group": None,
+                "is_blocking": False,
             }
         ],
     }

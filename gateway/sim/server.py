@@ -34,6 +34,7 @@ from gateway.sim.protocol import (
     ApiError,
     GenerationRequest,
     bad_request,
+    model_not_found,
     output_budget,
     parse_generation,
     parse_json,
@@ -141,6 +142,8 @@ def create_app(cfg: SimConfig) -> Starlette:
         Route("/v1/chat/completions", _GenerationEndpoint(state, "chat"), methods=["POST"]),
         Route("/v1/completions", _GenerationEndpoint(state, "completion"), methods=["POST"]),
         Route("/v1/models", _with_state(state, _models), methods=["GET"]),
+        # Not a vLLM route (0.32 serves only the list): the OpenAI SDK's models.retrieve.
+        Route("/v1/models/{model_id:path}", _with_state(state, _model), methods=["GET"]),
         Route("/health", _with_state(state, _health), methods=["GET"]),
         Route("/tokenize", _with_state(state, _tokenize), methods=["POST"]),
         Route("/version", _with_state(state, _version), methods=["GET"]),
@@ -168,6 +171,15 @@ def _with_state(state: SimState, handler: Handler) -> Callable[[Request], Awaita
 async def _models(state: SimState, request: Request) -> Response:
     cfg = state.cfg
     return JSONResponse(responses.models(cfg.served_model_name, state.created, cfg.max_model_len))
+
+
+async def _model(state: SimState, request: Request) -> Response:
+    cfg = state.cfg
+    model_id = request.path_params["model_id"]
+    if model_id != cfg.served_model_name:
+        err = model_not_found(model_id)
+        return JSONResponse(err.body(), status_code=err.status)
+    return JSONResponse(responses.model_card(model_id, state.created, cfg.max_model_len))
 
 
 async def _health(state: SimState, request: Request) -> Response:

@@ -227,3 +227,25 @@ async def test_errors_have_vllm_shape(sim: SimFactory, client: httpx.AsyncClient
             assert message in error["message"], (error, message)
         st = (await client.get(f"{url}/sim/state")).json()
         assert st["used_blocks"] == 0 and st["requests"] == []  # nothing was admitted
+
+
+async def test_a_model_can_be_retrieved_by_id(sim: SimFactory, client: httpx.AsyncClient) -> None:
+    """GET /v1/models/{id}: an extension (vLLM serves only the list), for models.retrieve."""
+    async with sim(served_model_name="org/tiny-1", max_model_len=512, num_gpu_blocks=64) as url:
+        listed = (await client.get(f"{url}/v1/models")).json()["data"][0]
+        reply = await client.get(f"{url}/v1/models/org/tiny-1")
+        assert reply.status_code == 200 and reply.json() == listed
+        api = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0)
+        model = await api.models.retrieve("org/tiny-1")
+        assert model.id == "org/tiny-1" and model.owned_by == "vllm"
+        missing = await client.get(f"{url}/v1/models/nope")
+        assert missing.status_code == 404
+        assert missing.json() == {
+            "error": {
+                "message": "The model `nope` does not exist.",
+                "type": "NotFoundError",
+                "param": "model",
+                "code": 404,
+            }
+        }
+        await api.close()
