@@ -3,7 +3,8 @@
 vLLM uses the header, when present, as the base of its request id (``chatcmpl-<id>``,
 ``cmpl-<id>``). The log keeps the last ``capacity`` values in arrival order, so a test can
 assert what a gateway sent (for example, that every retry carried a distinct id), and counts
-the values in flight, for ``--reject-duplicate-request-ids``.
+the ids in flight (the engine request ids older vLLM derived from the header), for
+``--reject-duplicate-request-ids``.
 """
 
 from __future__ import annotations

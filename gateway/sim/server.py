@@ -254,6 +254,18 @@ class _Choice:
     num_cached_tokens: int = 0
 
 
+@dataclass(frozen=True)
+class _Decision:
+    """A request accepted for generation: everything the endpoint needs to run it."""
+
+    request: GenerationRequest
+    request_id: str
+    prompts: tuple[tuple[int, ...], ...]
+    choices: list[_Choice]
+    # The engine request ids vLLM 0.7-0.10 derived from x-request-id (none without it).
+    legacy_ids: tuple[str, ...]
+
+
 class _GenerationEndpoint:
     """POST /v1/chat/completions or /v1/completions as a raw ASGI app."""
 
@@ -270,15 +282,16 @@ class _GenerationEndpoint:
         if raw is None:
             return  # the client left before we had the request
         try:
-            request, request_id, prompts, choices = self._decide(raw, x_request_id)
+            decision = self._decide(raw, x_request_id)
         except ApiError as err:
             await _send_json(send, err.status, err.body())
             return
-        job = _Job(self._state, request, request_id, prompts, choices, send)
+        request, prompts, choices = decision.request, decision.prompts, decision.choices
+        job = _Job(self._state, request, decision.request_id, prompts, choices, send)
         loop = self._state.loop
         sink: asyncio.Queue[Event] = asyncio.Queue()
-        if x_request_id is not None:
-            ids.started(x_request_id)
+        for legacy_id in decision.legacy_ids:
+            ids.started(legacy_id)
         try:
             for choice in choices:
                 spec = RequestSpec.of_tokens(
@@ -295,12 +308,10 @@ class _GenerationEndpoint:
             for choice in choices:
                 if not choice.ended:
                     loop.abort(choice.engine_id)
-            if x_request_id is not None:
-                ids.ended(x_request_id)
+            for legacy_id in decision.legacy_ids:
+                ids.ended(legacy_id)
 
-    def _decide(
-        self, raw: bytes, x_request_id: str | None
-    ) -> tuple[GenerationRequest, str, tuple[tuple[int, ...], ...], list[_Choice]]:
+    def _decide(self, raw: bytes, x_request_id: str | None) -> _Decision:
         """Parse, render and plan a request, or raise the ``ApiError`` vLLM would answer.
 
         The answer's id is ``chatcmpl-<x-request-id>`` / ``cmpl-<x-request-id>`` when the header
@@ -320,8 +331,11 @@ class _GenerationEndpoint:
             max_chars_per_token=state.max_chars_per_token,
         )
         prefix = "chatcmpl" if self._kind == "chat" else "cmpl"
-        if x_request_id is not None and cfg.reject_duplicate_request_ids:
-            self._check_duplicate(request, prefix, x_request_id)
+        legacy_ids: tuple[str, ...] = ()
+        if x_request_id is not None:
+            legacy_ids = self._legacy_ids(f"{prefix}-{x_request_id}", len(prompts), request.n)
+            if cfg.reject_duplicate_request_ids:
+                self._check_duplicate(legacy_ids)
         request_id = f"{prefix}-{x_request_id or uuid.uuid4().hex}"
         unique = "" if x_request_id is None else f"-{uuid.uuid4().hex[:8]}"
         choices: list[_Choice] = []
@@ -333,17 +347,23 @@ class _GenerationEndpoint:
                 )
                 index = p * request.n + j
                 choices.append(_Choice(index, f"{request_id}-{index}{unique}", plan))
-        return request, request_id, prompts, choices
+        return _Decision(request, request_id, prompts, choices, legacy_ids)
 
-    def _check_duplicate(self, request: GenerationRequest, prefix: str, x_request_id: str) -> None:
-        """Older vLLM (0.7 to about 0.10): an id already in flight is a 400 from its output
-        processor, naming the first engine request id it would have added."""
-        if not self._state.request_ids.in_flight(x_request_id):
-            return
-        engine_id = f"{prefix}-{x_request_id}" + ("" if self._kind == "chat" else "-0")
-        if request.n > 1:
-            engine_id = f"0_{engine_id}"  # vLLM's id of a request's first child
-        raise bad_request(f"Request id {engine_id} already running.")
+    def _legacy_ids(self, base: str, num_prompts: int, n: int) -> tuple[str, ...]:
+        """The engine request ids older vLLM registered: ``<base>`` for chat, ``<base>-<p>``
+        per completions prompt, each as ``<j>_<id>`` children when ``n > 1``."""
+        parents = [base] if self._kind == "chat" else [f"{base}-{p}" for p in range(num_prompts)]
+        if n == 1:
+            return tuple(parents)
+        return tuple(f"{j}_{parent}" for parent in parents for j in range(n))
+
+    def _check_duplicate(self, legacy_ids: tuple[str, ...]) -> None:
+        """Older vLLM (0.7 to about 0.10): an engine request id already in flight is a 400
+        from its output processor, naming the first one that collides."""
+        log = self._state.request_ids
+        for legacy_id in legacy_ids:
+            if log.in_flight(legacy_id):
+                raise bad_request(f"Request id {legacy_id} already running.")
 
     def _check_queue_limits(self, request: GenerationRequest) -> None:
         """vLLM's front door, before the prompt is rendered (its ``_preflight``)."""

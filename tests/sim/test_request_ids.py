@@ -70,33 +70,38 @@ async def test_equal_ids_in_flight_are_accepted_by_default(
         assert st["x_request_ids"] == ["same"] * 3
 
 
+SLOW_COMPLETION = {**COMPLETION, "max_tokens": 30}
+SLOW_CHAT = {**CHAT, "max_tokens": 30, "ignore_eos": True}
+
+
 @pytest.mark.parametrize(
-    ("path", "body", "engine_id"),
+    ("path", "first", "second", "engine_id"),
     [
-        ("/v1/completions", COMPLETION, "cmpl-dup-0"),
-        ("/v1/chat/completions", CHAT, "chatcmpl-dup"),
-        ("/v1/completions", {**COMPLETION, "n": 2}, "0_cmpl-dup-0"),
+        ("/v1/completions", SLOW_COMPLETION, COMPLETION, "cmpl-dup-0"),
+        ("/v1/chat/completions", SLOW_CHAT, CHAT, "chatcmpl-dup"),
+        ("/v1/completions", {**SLOW_COMPLETION, "n": 2}, {**COMPLETION, "n": 2}, "0_cmpl-dup-0"),
+        # Per prompt ids: a 2-prompt request in flight holds cmpl-dup-0 and cmpl-dup-1.
+        (
+            "/v1/completions",
+            {**SLOW_COMPLETION, "prompt": [[5, 6], [7, 8]]},
+            {**COMPLETION, "prompt": [[9], [5, 6, 7]]},
+            "cmpl-dup-0",
+        ),
     ],
 )
 async def test_old_vllm_refused_an_id_already_in_flight(
     sim: SimFactory,
     client: httpx.AsyncClient,
     path: str,
-    body: dict[str, Any],
+    first: dict[str, Any],
+    second: dict[str, Any],
     engine_id: str,
 ) -> None:
     async with sim(reject_duplicate_request_ids=True, decode_ms_base=20) as url:
         headers = {"x-request-id": "dup"}
-        slow = {**COMPLETION, "max_tokens": 20}
-        first = asyncio.create_task(
-            client.post(f"{url}/v1/completions", json=slow, headers=headers)
-        )
-        async with asyncio.timeout(5):
-            while True:  # poll until the first request is in the engine
-                if (await state(client, url))["requests"]:
-                    break
-                await asyncio.sleep(0.005)
-        refused = await client.post(f"{url}{path}", json=body, headers=headers)
+        running = asyncio.create_task(client.post(f"{url}{path}", json=first, headers=headers))
+        await _until_in_engine(client, url)
+        refused = await client.post(f"{url}{path}", json=second, headers=headers)
         assert refused.status_code == 400
         assert refused.json() == {
             "error": {
@@ -106,7 +111,33 @@ async def test_old_vllm_refused_an_id_already_in_flight(
                 "code": 400,
             }
         }
-        assert (await first).status_code == 200
+        assert (await running).status_code == 200
         # Once it has ended, the id is free again.
-        again = await client.post(f"{url}{path}", json=body, headers=headers)
+        again = await client.post(f"{url}{path}", json=second, headers=headers)
         assert again.status_code == 200
+
+
+async def test_old_vllm_ids_differ_by_endpoint_and_n(
+    sim: SimFactory, client: httpx.AsyncClient
+) -> None:
+    """cmpl-dup-0 in flight collides with neither chatcmpl-dup nor 0_cmpl-dup-0."""
+    async with sim(reject_duplicate_request_ids=True, decode_ms_base=20) as url:
+        headers = {"x-request-id": "dup"}
+        running = asyncio.create_task(
+            client.post(f"{url}/v1/completions", json=SLOW_COMPLETION, headers=headers)
+        )
+        await _until_in_engine(client, url)
+        chat = await client.post(f"{url}/v1/chat/completions", json=CHAT, headers=headers)
+        two = await client.post(
+            f"{url}/v1/completions", json={**COMPLETION, "n": 2}, headers=headers
+        )
+        assert (chat.status_code, two.status_code) == (200, 200)
+        assert (await running).status_code == 200
+
+
+async def _until_in_engine(client: httpx.AsyncClient, url: str) -> None:
+    async with asyncio.timeout(5):
+        while True:  # poll until the first request is in the engine
+            if (await state(client, url))["requests"]:
+                return
+            await asyncio.sleep(0.005)
