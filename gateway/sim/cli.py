@@ -11,7 +11,6 @@ from pathlib import Path
 
 import uvicorn
 
-from gateway.sim.engine import EngineError
 from gateway.sim.server import SimConfig, create_app
 
 _DEFAULTS = SimConfig()
@@ -58,6 +57,46 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="schedule a prompt only when it fits whole in a step's budget",
     )
     add(
+        "--enable-prefix-caching",
+        action=argparse.BooleanOptionalAction,
+        default=d.enable_prefix_caching,
+        help="automatic prefix caching, vLLM v1's default (--no-enable-prefix-caching: off)",
+    )
+    add(
+        "--enable-prompt-tokens-details",
+        action="store_true",
+        help="report usage.prompt_tokens_details.cached_tokens (vLLM's flag; off by default)",
+    )
+    add(
+        "--max-num-queued-reqs",
+        type=_non_negative_int,
+        default=d.max_num_queued_reqs,
+        help="refuse (503) a request when waiting + running sequences would exceed this "
+        "(vLLM's flag; default: no limit)",
+    )
+    add(
+        "--max-num-queued-tokens",
+        type=_non_negative_int,
+        default=d.max_num_queued_tokens,
+        help="refuse (503) a request while the prompts not yet prefilled hold this many tokens "
+        "(vLLM's flag; default: no limit)",
+    )
+    add(
+        "--reject-duplicate-request-ids",
+        action="store_true",
+        help="answer 400 to a request whose x-request-id is already in flight, as vLLM "
+        "0.7-0.10 did (default: accept, as current vLLM)",
+    )
+    add(
+        "--hide-metric",
+        dest="hidden_metrics",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="leave this metric family out of /metrics (repeatable; a testing aid to imitate "
+        "another vLLM version, e.g. vllm:num_preemptions_total)",
+    )
+    add(
         "--prefill-ms-per-token",
         type=float,
         default=d.prefill_ms_per_token,
@@ -87,6 +126,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--log-level", default="info", help="uvicorn log level (default %(default)s)")
 
 
+def _non_negative_int(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
+
+
 def config_from_args(args: argparse.Namespace) -> SimConfig:
     return SimConfig(
         served_model_name=args.served_model_name,
@@ -101,6 +147,12 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         seed=args.seed,
         tokenizer=args.tokenizer,
         chunked_prefill=args.chunked_prefill,
+        enable_prefix_caching=args.enable_prefix_caching,
+        enable_prompt_tokens_details=args.enable_prompt_tokens_details,
+        max_num_queued_reqs=args.max_num_queued_reqs,
+        max_num_queued_tokens=args.max_num_queued_tokens,
+        reject_duplicate_request_ids=args.reject_duplicate_request_ids,
+        hidden_metrics=tuple(args.hidden_metrics),
         host=args.host,
         port=args.port,
     )
@@ -111,13 +163,14 @@ def run(args: argparse.Namespace) -> int:
     cfg = config_from_args(args)
     try:
         app = create_app(cfg)
-    except EngineError as exc:
+    except ValueError as exc:  # EngineError, or a flag the simulator refuses at start
         print(f"kv-gateway sim: {exc}", file=sys.stderr)
         return 2
     print(
         f"simulated vLLM engine {cfg.served_model_name!r}: {cfg.num_gpu_blocks} blocks of "
         f"{cfg.block_size} tokens, max_num_seqs {cfg.max_num_seqs}, max_model_len "
-        f"{cfg.max_model_len} on http://{cfg.host}:{cfg.port}",
+        f"{cfg.max_model_len}, prefix caching {'on' if cfg.enable_prefix_caching else 'off'} "
+        f"on http://{cfg.host}:{cfg.port}",
         file=sys.stderr,
         flush=True,
     )

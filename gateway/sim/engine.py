@@ -4,13 +4,22 @@ No asyncio, no I/O, no clock of its own: the caller passes ``now`` into every st
 when the next one starts (``step_seconds`` of the batch says how long it would take). The HTTP
 server drives it on the real clock; ``gateway.sim.virtual.simulate`` drives it on a virtual one.
 
-The model follows ``vllm/v1/core/sched/scheduler.py`` (FCFS policy):
+The model follows ``vllm/v1/core/sched/scheduler.py`` (FCFS policy) and ``kv_cache_manager.py``:
 
-* The block pool holds ``num_gpu_blocks`` blocks, one of which is vLLM's *null block*, so
-  ``num_gpu_blocks - 1`` are usable and ``kv_cache_usage = 1 - free / (num_gpu_blocks - 1)``.
-* A request needs ``ceil(computed_tokens / block_size)`` blocks. Each step schedules, per
+* The block pool (``gateway.sim.block_pool``) holds ``num_gpu_blocks`` blocks, one of which is
+  vLLM's *null block*, so ``num_gpu_blocks - 1`` are usable and ``kv_cache_usage = 1 - free /
+  (num_gpu_blocks - 1)``, where cached blocks no request references count as free.
+* A request holds ``ceil(computed_tokens / block_size)`` blocks. Each step schedules, per
   request, the tokens not yet computed (the whole prompt, a chunk of it, or the one token
   sampled last step); blocks are taken for them before the step runs.
+* With prefix caching (on by default, as vLLM v1), every full block a request computes is
+  cached under a hash chained from the start of its tokens, the moment its blocks are taken
+  (vLLM caches at allocation; decode blocks filled by generated tokens included). On admission
+  the longest chain of cached blocks of the request's tokens is shared (reference counted) and
+  not computed again, capped so that at least the last token is computed: at most
+  ``(num_tokens - 1) // block_size`` blocks. Freed blocks keep their content until a new block
+  is needed (LRU eviction), so a full cache evicts unreferenced cached blocks before anything is
+  preempted.
 * Running requests are served first, oldest first. When one cannot get its blocks, the newest
   running request is preempted (blocks freed, progress reset, put at the front of the waiting
   queue) until it can, or until it is itself the newest and gets preempted.
@@ -27,8 +36,11 @@ from __future__ import annotations
 import enum
 import math
 from collections import deque
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
+
+from gateway.sim.block_pool import BlockHash, BlockPool, hash_block
 
 FinishReason = Literal["stop", "length", "abort"]
 
@@ -44,7 +56,8 @@ class EngineLimits:
     ``chunked_prefill`` is on by default as in vLLM v1: a prompt larger than the step's
     remaining budget is computed over several steps. With it off, a prompt is scheduled only
     when its whole remainder fits in the budget, and ``max_num_batched_tokens`` must be at
-    least ``max_model_len`` (vLLM enforces the same at start-up).
+    least ``max_model_len`` (vLLM enforces the same at start-up). ``enable_prefix_caching`` is
+    on by default as in vLLM v1; off, blocks are plain counters (nothing is shared or kept).
     """
 
     num_gpu_blocks: int
@@ -53,6 +66,7 @@ class EngineLimits:
     max_num_batched_tokens: int = 2048
     max_model_len: int = 2048
     chunked_prefill: bool = True
+    enable_prefix_caching: bool = True
 
     def __post_init__(self) -> None:
         for name in ("num_gpu_blocks", "block_size", "max_num_seqs", "max_num_batched_tokens"):
@@ -109,18 +123,52 @@ class StepTiming:
 
 @dataclass(frozen=True)
 class RequestSpec:
-    """One sequence to generate: its prompt length and how its output ends.
+    """One sequence to generate: its prompt, its planned output, and how that output ends.
 
-    The engine needs counts only (no prefix caching); the server maps the ``index``-th
-    generated token of a request to a token id itself. ``finish_reason`` is what the request
-    finishes with after ``num_output_tokens`` tokens: ``"stop"`` (the last one is EOS) or
-    ``"length"`` (max_tokens reached).
+    ``finish_reason`` is what the request finishes with after ``num_output_tokens`` tokens:
+    ``"stop"`` (the last one is EOS) or ``"length"`` (max_tokens reached). The token ids are
+    what prefix caching hashes; ``RequestSpec.of_tokens`` builds a spec from them. Where they
+    are left out (``None``) the content is unknown and treated as unique to this request: it
+    shares no block with any other request, but a preempted request still finds its own cached
+    blocks. ``cache_salt`` (vLLM's request field) is mixed into the first block's hash, so
+    requests with different salts share nothing.
     """
 
     request_id: str
     num_prompt_tokens: int
     num_output_tokens: int
     finish_reason: Literal["stop", "length"] = "length"
+    prompt_token_ids: tuple[int, ...] | None = None
+    output_token_ids: tuple[int, ...] | None = None
+    cache_salt: str | None = None
+
+    def __post_init__(self) -> None:
+        ids, count = self.prompt_token_ids, self.num_prompt_tokens
+        if ids is not None and len(ids) != count:
+            raise EngineError(f"{len(ids)} prompt token ids for {count} prompt tokens")
+        ids, count = self.output_token_ids, self.num_output_tokens
+        if ids is not None and len(ids) != count:
+            raise EngineError(f"{len(ids)} output token ids for {count} output tokens")
+
+    @classmethod
+    def of_tokens(
+        cls,
+        request_id: str,
+        prompt_token_ids: Sequence[int],
+        output_token_ids: Sequence[int],
+        finish_reason: Literal["stop", "length"] = "length",
+        *,
+        cache_salt: str | None = None,
+    ) -> RequestSpec:
+        return cls(
+            request_id,
+            len(prompt_token_ids),
+            len(output_token_ids),
+            finish_reason,
+            prompt_token_ids=tuple(prompt_token_ids),
+            output_token_ids=tuple(output_token_ids),
+            cache_salt=cache_salt,
+        )
 
 
 class Status(enum.Enum):
@@ -133,16 +181,39 @@ class Status(enum.Enum):
 class _Sequence:
     spec: RequestSpec
     arrival: float
+    serial: int  # unique per engine: the identity of content whose token ids are unknown
     status: Status = Status.WAITING
     num_generated: int = 0
     num_computed: int = 0
-    num_blocks: int = 0
+    block_ids: list[int] = field(default_factory=list)
+    num_cached_blocks: int = 0  # leading blocks of block_ids already in the prefix cache
+    block_hashes: list[BlockHash] = field(default_factory=list)  # memo, grows as needed
+    num_cached_tokens: int | None = None  # prefix-cache hit at first admission (vLLM's)
     num_preemptions: int = 0
     first_token_at: float | None = None
 
     @property
     def num_tokens(self) -> int:
         return self.spec.num_prompt_tokens + self.num_generated
+
+    @property
+    def num_blocks(self) -> int:
+        return len(self.block_ids)
+
+    def block_tokens(self, index: int, block_size: int) -> tuple[int, ...] | None:
+        """Token ids of full block ``index`` (all known tokens), or None if any is unknown."""
+        start, end = index * block_size, (index + 1) * block_size
+        prompt_len = self.spec.num_prompt_tokens
+        tokens: tuple[int, ...] = ()
+        if start < prompt_len:
+            if self.spec.prompt_token_ids is None:
+                return None
+            tokens = self.spec.prompt_token_ids[start : min(end, prompt_len)]
+        if end > prompt_len:
+            if self.spec.output_token_ids is None:
+                return None
+            tokens += self.spec.output_token_ids[max(start - prompt_len, 0) : end - prompt_len]
+        return tokens
 
 
 @dataclass(frozen=True)
@@ -164,6 +235,7 @@ class Finished:
     first_token_at: float | None
     at: float
     num_preemptions: int
+    num_cached_tokens: int = 0  # prompt tokens found in the prefix cache at first admission
 
 
 @dataclass(frozen=True)
@@ -203,6 +275,9 @@ class EngineSnapshot:
     finished: dict[str, int] = field(default_factory=dict)
     peak_running: int = 0
     peak_used_blocks: int = 0
+    prefix_cache_queries: int = 0
+    prefix_cache_hits: int = 0
+    prompt_tokens_cached: int = 0
 
 
 @dataclass(frozen=True)
@@ -213,30 +288,41 @@ class RequestView:
     num_computed_tokens: int
     num_blocks: int
     num_preemptions: int
+    num_cached_tokens: int
+    block_ids: tuple[int, ...]
 
 
 class Engine:
     """The scheduler state of one engine. Not thread-safe; one driver owns it.
 
-    Contract: ``used_blocks <= num_gpu_blocks - 1`` and ``running <= max_num_seqs`` after every
-    call; every added request ends exactly once in ``Finished`` (by finishing or by abort); with
-    no request left, ``used_blocks == 0``.
+    Contract: ``used_blocks`` (blocks referenced by a request) ``<= num_gpu_blocks - 1`` and
+    ``running <= max_num_seqs`` after every call; every added request ends exactly once in
+    ``Finished`` (by finishing or by abort); with no request left, ``used_blocks == 0`` (cached
+    blocks may remain, unreferenced, counted as free).
     """
 
     def __init__(self, limits: EngineLimits, timing: StepTiming | None = None) -> None:
         self.limits = limits
         self.timing = timing or StepTiming()
+        self.block_pool = BlockPool(
+            limits.usable_blocks, enable_caching=limits.enable_prefix_caching
+        )
         self._waiting: deque[_Sequence] = deque()
         self._running: list[_Sequence] = []
         self._by_id: dict[str, _Sequence] = {}
-        self._free_blocks = limits.usable_blocks
         self._in_flight: Batch | None = None
+        self._serial = 0
         self.num_preemptions = 0
         self.peak_running = 0
         self.peak_used_blocks = 0
         self.prompt_tokens = 0
         self.generation_tokens = 0
         self.finished_counts: dict[str, int] = {"stop": 0, "length": 0, "abort": 0}
+        # vLLM's prefix-cache counters (tokens): first admissions only, preempted requests
+        # re-admitted are not counted (vLLM keeps those apart and does not export them).
+        self.prefix_cache_queries = 0
+        self.prefix_cache_hits = 0
+        self.prompt_tokens_cached = 0
 
     # -- requests -------------------------------------------------------------------------
 
@@ -250,7 +336,8 @@ class Engine:
                 f"prompt {spec.num_prompt_tokens} + output {spec.num_output_tokens} tokens "
                 f"exceed max_model_len {self.limits.max_model_len}"
             )
-        seq = _Sequence(spec=spec, arrival=now)
+        self._serial += 1
+        seq = _Sequence(spec=spec, arrival=now, serial=self._serial)
         self._by_id[spec.request_id] = seq
         self._waiting.append(seq)
 
@@ -282,7 +369,7 @@ class Engine:
         i = 0
         while i < len(self._running) and budget > 0:
             seq = self._running[i]
-            num_new = self._tokens_to_schedule(seq, budget)
+            num_new = self._tokens_to_schedule(seq.num_tokens - seq.num_computed, budget)
             if num_new == 0:
                 i += 1  # an unchunkable remainder; vLLM skips it this step
                 continue
@@ -307,16 +394,15 @@ class Engine:
             and budget > 0
         ):
             seq = self._waiting[0]
-            if self.limits.blocks_for(seq.num_tokens) > self._free_blocks:
+            hit = self._cache_hit(seq)
+            if not self._fits(seq, hit):
                 break  # head-of-line blocking: the whole prompt must fit
-            num_new = self._tokens_to_schedule(seq, budget)
+            num_hit_tokens = len(hit) * self.limits.block_size
+            num_new = self._tokens_to_schedule(seq.num_tokens - num_hit_tokens, budget)
             if num_new == 0:
                 break
-            allocated = self._allocate(seq, num_new)
-            assert allocated
             self._waiting.popleft()
-            seq.status = Status.RUNNING
-            self._running.append(seq)
+            self._admit(seq, hit, num_new)
             scheduled[seq.spec.request_id] = num_new
             prefill_tokens += self._prefill_part(seq, num_new)
             budget -= num_new
@@ -352,6 +438,7 @@ class Engine:
             if seq.first_token_at is None:
                 seq.first_token_at = at
                 self.prompt_tokens += seq.spec.num_prompt_tokens
+                self.prompt_tokens_cached += seq.num_cached_tokens or 0
             tokens.append(TokenEvent(request_id, seq.num_generated, at))
             seq.num_generated += 1
             self.generation_tokens += 1
@@ -368,11 +455,28 @@ class Engine:
 
     @property
     def used_blocks(self) -> int:
-        return self.limits.usable_blocks - self._free_blocks
+        """Blocks referenced by at least one request (shared blocks count once)."""
+        return self.block_pool.num_used
 
     def kv_cache_usage(self) -> float:
         usable = self.limits.usable_blocks
-        return 0.0 if usable == 0 else 1.0 - self._free_blocks / usable
+        return 0.0 if usable == 0 else 1.0 - self.block_pool.num_free / usable
+
+    @property
+    def num_unfinished(self) -> int:
+        """Sequences added and not yet ended (waiting or running)."""
+        return len(self._by_id)
+
+    def prefill_backlog_tokens(self) -> int:
+        """Prompt tokens of the sequences that have not produced their first token yet.
+
+        What vLLM's front door sums for ``--max-num-queued-tokens``: whole prompts, cached
+        tokens and computed chunks included; a preempted sequence that already streamed a
+        token is not in it (the front door never learns of preemption).
+        """
+        return sum(
+            seq.spec.num_prompt_tokens for seq in self._by_id.values() if seq.first_token_at is None
+        )
 
     def blocks_of(self, request_id: str) -> int | None:
         seq = self._by_id.get(request_id)
@@ -391,6 +495,9 @@ class Engine:
             finished=dict(self.finished_counts),
             peak_running=self.peak_running,
             peak_used_blocks=self.peak_used_blocks,
+            prefix_cache_queries=self.prefix_cache_queries,
+            prefix_cache_hits=self.prefix_cache_hits,
+            prompt_tokens_cached=self.prompt_tokens_cached,
         )
 
     def requests(self) -> list[RequestView]:
@@ -403,35 +510,106 @@ class Engine:
                 num_computed_tokens=seq.num_computed,
                 num_blocks=seq.num_blocks,
                 num_preemptions=seq.num_preemptions,
+                num_cached_tokens=seq.num_cached_tokens or 0,
+                block_ids=tuple(seq.block_ids),
             )
             for seq in [*self._running, *self._waiting]
         ]
 
     # -- internals ------------------------------------------------------------------------
 
-    def _tokens_to_schedule(self, seq: _Sequence, budget: int) -> int:
-        remaining = seq.num_tokens - seq.num_computed
+    def _tokens_to_schedule(self, remaining: int, budget: int) -> int:
         if remaining <= budget:
             return remaining
         return budget if self.limits.chunked_prefill else 0
 
     def _prefill_part(self, seq: _Sequence, num_new: int) -> int:
-        """Tokens of this step that recompute known tokens rather than decode the last one."""
+        """Tokens of this step that compute known tokens rather than decode the last one."""
         is_decode = seq.num_generated > 0 and seq.num_computed == seq.num_tokens - 1
         return 0 if is_decode else num_new
 
+    def _cache_hit(self, seq: _Sequence) -> list[int]:
+        """Cached blocks the waiting ``seq`` would share; changes nothing.
+
+        At least the last token is always computed (vLLM needs its logits), so at most
+        ``(num_tokens - 1) // block_size`` blocks can hit.
+        """
+        if not self.limits.enable_prefix_caching:
+            return []
+        max_blocks = (seq.num_tokens - 1) // self.limits.block_size
+        return self.block_pool.longest_hit(self._hashes(seq, max_blocks))
+
+    def _fits(self, seq: _Sequence, hit: list[int]) -> bool:
+        """Whether the blocks of ``seq``'s whole prompt can be had now (vLLM's admission).
+
+        Hit blocks nobody references sit among the free ones; taking them out of the free
+        queue costs a free block each, as in vLLM's ``allocate_slots``.
+        """
+        pool = self.block_pool
+        new_blocks = self.limits.blocks_for(seq.num_tokens) - len(hit)
+        revived = sum(1 for block_id in hit if pool.ref_count(block_id) == 0)
+        return new_blocks + revived <= pool.num_free
+
+    def _admit(self, seq: _Sequence, hit: list[int], num_new: int) -> None:
+        num_hit_tokens = len(hit) * self.limits.block_size
+        self.block_pool.touch(hit)
+        seq.block_ids = list(hit)
+        seq.num_cached_blocks = len(hit)
+        seq.num_computed = num_hit_tokens
+        if seq.num_cached_tokens is None:
+            seq.num_cached_tokens = num_hit_tokens
+        if self.limits.enable_prefix_caching and seq.num_preemptions == 0:
+            self.prefix_cache_queries += seq.num_tokens
+            self.prefix_cache_hits += num_hit_tokens
+        allocated = self._allocate(seq, num_hit_tokens + num_new)
+        assert allocated, "admitted a request whose blocks do not fit"
+        seq.status = Status.RUNNING
+        self._running.append(seq)
+
     def _allocate(self, seq: _Sequence, tokens: int) -> bool:
+        """Blocks for ``tokens`` computed tokens of ``seq``; False (nothing taken) if short."""
         need = self.limits.blocks_for(tokens) - seq.num_blocks
-        if need > self._free_blocks:
+        if need > self.block_pool.num_free:
             return False
         if need > 0:
-            self._free_blocks -= need
-            seq.num_blocks += need
+            seq.block_ids.extend(self.block_pool.allocate(need))
+        self._cache_full_blocks(seq, min(tokens, seq.num_tokens))
         return True
 
+    def _cache_full_blocks(self, seq: _Sequence, tokens: int) -> None:
+        """Cache every block of ``seq`` full within its first ``tokens`` tokens (vLLM caches
+        at allocation: the step that computes them runs before anyone can read them)."""
+        if not self.limits.enable_prefix_caching:
+            return
+        num_full = tokens // self.limits.block_size
+        if num_full <= seq.num_cached_blocks:
+            return
+        hashes = list(self._hashes(seq, num_full))
+        for index in range(seq.num_cached_blocks, num_full):
+            self.block_pool.cache(seq.block_ids[index], hashes[index])
+        seq.num_cached_blocks = num_full
+
+    def _hashes(self, seq: _Sequence, num_blocks: int) -> Iterator[BlockHash]:
+        """Hashes of ``seq``'s first ``num_blocks`` full blocks, computed once, lazily."""
+        size = self.limits.block_size
+        for index in range(num_blocks):
+            if index == len(seq.block_hashes):
+                parent = seq.block_hashes[-1] if seq.block_hashes else None
+                extra: list[str] = []
+                if index == 0 and seq.spec.cache_salt is not None:
+                    extra.append(f"cache_salt:{seq.spec.cache_salt}")
+                tokens = seq.block_tokens(index, size)
+                if tokens is None:  # unknown content: unique to this sequence
+                    tokens = ()
+                    extra.append(f"opaque:{seq.serial}:{index}")
+                seq.block_hashes.append(hash_block(parent, tokens, extra))
+            yield seq.block_hashes[index]
+
     def _release(self, seq: _Sequence) -> None:
-        self._free_blocks += seq.num_blocks
-        seq.num_blocks = 0
+        # Tail blocks first, as vLLM frees them: a shared prefix outlives its suffixes.
+        self.block_pool.free(reversed(seq.block_ids))
+        seq.block_ids = []
+        seq.num_cached_blocks = 0
 
     def _preempt(self, seq: _Sequence) -> None:
         self._release(seq)
@@ -454,4 +632,5 @@ class Engine:
             first_token_at=seq.first_token_at,
             at=at,
             num_preemptions=seq.num_preemptions,
+            num_cached_tokens=seq.num_cached_tokens or 0,
         )

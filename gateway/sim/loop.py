@@ -26,6 +26,7 @@ class Generated:
 class Ended:
     request_id: str
     reason: FinishReason
+    num_cached_tokens: int = 0  # prompt tokens served from the prefix cache
 
 
 Event = Generated | Ended
@@ -87,7 +88,9 @@ class EngineLoop:
                         self._metrics.observe_time_to_first_token(now - arrival)
                     self._deliver(Generated(token.request_id, token.index))
                 for finished in outcome.finished:
-                    self._deliver(Ended(finished.request_id, finished.reason))
+                    self._deliver(
+                        Ended(finished.request_id, finished.reason, finished.num_cached_tokens)
+                    )
                     self._forget(finished.request_id)
         except asyncio.CancelledError:
             raise

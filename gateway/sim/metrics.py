@@ -10,13 +10,14 @@ token is a real histogram observed by the step loop.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
-from prometheus_client import CollectorRegistry, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from gateway.sim.engine import EngineLimits, EngineSnapshot
+from gateway.sim.front_door import REFUSAL_REASONS, RefusalReason
 
 # vLLM's buckets for vllm:time_to_first_token_seconds.
 TTFT_BUCKETS = (
@@ -31,7 +32,13 @@ ENGINE_INDEX = "0"
 
 
 class EngineMetrics:
-    """The registry of one simulated engine; ``render()`` is the /metrics body."""
+    """The registry of one simulated engine; ``render()`` is the /metrics body.
+
+    ``hidden`` names metric families left out of ``render()`` (a testing aid: a page like an
+    older vLLM's, or another engine's). A name is a family's (``vllm:num_preemptions``) or one
+    of its sample names (``vllm:num_preemptions_total``); a name this simulator does not
+    export raises ``ValueError``, so a typo cannot silently hide nothing.
+    """
 
     def __init__(
         self,
@@ -41,6 +48,7 @@ class EngineMetrics:
         snapshot: Callable[[], EngineSnapshot],
         started_at: float,
         gpu_memory_utilization: float = 0.92,
+        hidden: Iterable[str] = (),
     ) -> None:
         self.registry = CollectorRegistry()
         self._labels = {"engine": ENGINE_INDEX, "model_name": model_name}
@@ -59,12 +67,49 @@ class EngineMetrics:
             buckets=TTFT_BUCKETS,
             registry=self.registry,
         ).labels(**self._labels)
+        # A front-door counter: vLLM labels it by model and reason, without ``engine``.
+        rejections = Counter(
+            "vllm:admission_rejections",
+            "Number of admission attempts rejected by a queue limit, by reason.",
+            labelnames=("model_name", "reason"),
+            registry=self.registry,
+        )
+        self._rejections = {
+            reason: rejections.labels(model_name=model_name, reason=reason)
+            for reason in REFUSAL_REASONS
+        }
+        # /metrics is rendered from a view that leaves the hidden families out.
+        self._page = CollectorRegistry(auto_describe=False)
+        self._page.register(_Hiding(self.registry, frozenset(hidden)))
 
     def observe_time_to_first_token(self, seconds: float) -> None:
         self._ttft.observe(seconds)
 
+    def count_admission_rejection(self, reason: RefusalReason) -> None:
+        self._rejections[reason].inc()
+
     def render(self) -> bytes:
-        return generate_latest(self.registry)
+        return generate_latest(self._page)
+
+
+class _Hiding(Collector):
+    """The families of ``registry`` but those named in ``hidden``."""
+
+    def __init__(self, registry: CollectorRegistry, hidden: frozenset[str]) -> None:
+        self._registry = registry
+        families = {f.name: {s.name for s in f.samples} for f in registry.collect()}
+        unknown = hidden - {name for f, samples in families.items() for name in {f, *samples}}
+        if unknown:
+            raise ValueError(
+                f"cannot hide {', '.join(sorted(unknown))}: not a metric of this simulator "
+                f"(it exports {', '.join(sorted(families))})"
+            )
+        self._hidden = {f for f, samples in families.items() if hidden & {f, *samples}}
+
+    def collect(self) -> Iterator[Metric]:
+        for family in self._registry.collect():
+            if family.name not in self._hidden:
+                yield family
 
 
 def _cache_config_labels(limits: EngineLimits, gpu_memory_utilization: float) -> dict[str, str]:
@@ -73,7 +118,7 @@ def _cache_config_labels(limits: EngineLimits, gpu_memory_utilization: float) ->
     return {
         "block_size": str(limits.block_size),
         "cache_dtype": "auto",
-        "enable_prefix_caching": "False",
+        "enable_prefix_caching": str(limits.enable_prefix_caching),
         "engine": ENGINE_INDEX,
         "gpu_memory_utilization": str(gpu_memory_utilization),
         "kv_cache_max_concurrency": str(limits.num_gpu_blocks / per_request),
@@ -122,7 +167,22 @@ class _EngineCollector(Collector):
             snap.num_preemptions,
         )
         yield self._counter(
+            "vllm:prefix_cache_queries",
+            "Prefix cache queries, in terms of number of queried tokens.",
+            snap.prefix_cache_queries,
+        )
+        yield self._counter(
+            "vllm:prefix_cache_hits",
+            "Prefix cache hits, in terms of number of cached tokens.",
+            snap.prefix_cache_hits,
+        )
+        yield self._counter(
             "vllm:prompt_tokens", "Number of prefill tokens processed.", snap.prompt_tokens
+        )
+        yield self._counter(
+            "vllm:prompt_tokens_cached",
+            "Number of cached prompt tokens (local + external).",
+            snap.prompt_tokens_cached,
         )
         yield self._counter(
             "vllm:generation_tokens",

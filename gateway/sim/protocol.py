@@ -6,10 +6,11 @@ Everything here is a decision (a value or an ``ApiError``); the server renders a
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from gateway.sim.front_door import RefusalReason
 from gateway.tokens.errors import TokenCountError
 from gateway.tokens.hf import HfTokenizer
 
@@ -46,13 +47,43 @@ def model_not_found(model: str) -> ApiError:
     return ApiError(404, "NotFoundError", f"The model `{model}` does not exist.", "model")
 
 
+# vLLM's QueueOverflowError and MaxQueuedTokensError (vllm/exceptions.py).
+_REFUSAL_MESSAGES = {
+    "max_num_queued_reqs": "The engine is currently busy and cannot accept new requests. "
+    "Please try again later or on a different instance.",
+    "max_num_queued_tokens": "The engine has reached its prefill token backlog limit. "
+    "Please try again later or on a different instance.",
+}
+
+
+def queue_refusal(reason: RefusalReason) -> ApiError:
+    """vLLM's 503 for a front-door refusal: ``type`` is the HTTP phrase, ``param`` null."""
+    return ApiError(503, "Service Unavailable", _REFUSAL_MESSAGES[reason])
+
+
+@dataclass(frozen=True)
+class ChatPrompt:
+    """Chat messages, validated in shape, not yet rendered with the chat template."""
+
+    messages: tuple[Mapping[str, Any], ...]
+    add_generation_prompt: bool
+
+
+@dataclass(frozen=True)
+class CompletionPrompts:
+    """The prompts of a completions request: each a string or a list of token ids."""
+
+    items: tuple[str | tuple[int, ...], ...]
+
+
 @dataclass(frozen=True)
 class GenerationRequest:
-    """A validated chat or completions request; ``prompts`` are token ids, one per prompt."""
+    """A chat or completions request whose fields are valid; ``prompt`` is not rendered yet
+    (``render_prompts`` tokenizes it and applies vLLM's length checks)."""
 
     kind: Literal["chat", "completion"]
     model: str
-    prompts: tuple[tuple[int, ...], ...]
+    prompt: ChatPrompt | CompletionPrompts
     max_tokens: int | None
     n: int
     stream: bool
@@ -62,6 +93,14 @@ class GenerationRequest:
     # The limit when ``max_tokens`` is None: 16 for completions that left it out (vLLM's
     # default), None (up to ``max_model_len``) for chat and for an explicit null.
     default_max_tokens: int | None = None
+    cache_salt: str | None = None  # mixed into the prefix cache's first block hash
+    max_tokens_param: str = "max_tokens"  # the field max_tokens came from, for errors
+
+    @property
+    def num_sequences(self) -> int:
+        """Engine sequences this request becomes: ``n`` per prompt."""
+        prompts = 1 if isinstance(self.prompt, ChatPrompt) else len(self.prompt.items)
+        return prompts * self.n
 
 
 def parse_json(raw: bytes) -> dict[str, Any]:
@@ -90,16 +129,20 @@ def parse_generation(
     body: Mapping[str, Any],
     *,
     served_model_name: str,
-    tokenizer: HfTokenizer,
 ) -> GenerationRequest:
+    """The request's fields, checked as vLLM's request models check them (no tokenizer)."""
     model = check_model(body, served_model_name)
+    prompt: ChatPrompt | CompletionPrompts
+    max_tokens_param = "max_tokens"
     if kind == "chat":
-        prompts: tuple[tuple[int, ...], ...] = (_chat_prompt(body, tokenizer),)
+        prompt = _chat_messages(body)
         max_tokens = _optional_int(body, "max_completion_tokens")
         if max_tokens is None:
             max_tokens = _optional_int(body, "max_tokens")
+        else:
+            max_tokens_param = "max_completion_tokens"
     else:
-        prompts = _completion_prompts(body.get("prompt"), tokenizer)
+        prompt = _completion_prompts(body.get("prompt"))
         max_tokens = _optional_int(body, "max_tokens")
     n = _optional_int(body, "n")
     if n is not None and n < 1:
@@ -118,49 +161,90 @@ def parse_generation(
     return GenerationRequest(
         kind=kind,
         model=model,
-        prompts=prompts,
+        prompt=prompt,
         max_tokens=max_tokens,
         n=1 if n is None else n,
         stream=stream,
         include_usage=include_usage,
         ignore_eos=_optional_bool(body, "ignore_eos") or False,
         seed=_optional_int(body, "seed"),
+        cache_salt=_cache_salt(body),
         default_max_tokens=(
             COMPLETIONS_DEFAULT_MAX_TOKENS
             if kind == "completion" and "max_tokens" not in body
             else None
         ),
+        max_tokens_param=max_tokens_param,
     )
 
 
-def output_budget(request: GenerationRequest, num_prompt_tokens: int, max_model_len: int) -> int:
-    """Output tokens one sequence of this prompt may generate, or vLLM's 400.
+def render_prompts(
+    request: GenerationRequest,
+    *,
+    tokenizer: HfTokenizer,
+    max_model_len: int,
+    max_chars_per_token: int,
+) -> tuple[tuple[int, ...], ...]:
+    """Token ids of each prompt, or vLLM 0.32's 400 for what cannot fit at all.
 
-    A prompt alone reaching ``max_model_len``, or an explicit ``max_tokens`` that does not fit
-    beside the prompt, is a 400 (vLLM 0.32 clamps the latter instead; most versions answer
-    400). An omitted ``max_tokens`` means up to ``max_model_len`` for chat, and 16 (clamped to
-    what fits) for completions, as in vLLM; ``"max_tokens": null`` means up to
-    ``max_model_len`` for both.
+    In vLLM's order (``vllm/renderers/params.py``, ``TokenizeParams``): an explicit
+    ``max_tokens`` above ``max_model_len``; then, per prompt, a text (or rendered chat) longer
+    than ``max_model_len × max_chars_per_token`` characters, refused before tokenization; then
+    a prompt of more than ``max_model_len`` tokens. ``max_tokens`` reserves no room here: a
+    prompt that fits is accepted and its output is clamped by ``output_budget``. Token ids out
+    of the vocabulary are refused after these checks (vLLM's input processor).
     """
-    if num_prompt_tokens >= max_model_len:
+    if request.max_tokens is not None and request.max_tokens > max_model_len:
+        param = request.max_tokens_param
         raise bad_request(
-            f"This model's maximum context length is {max_model_len} tokens. However, your "
-            f"request has {num_prompt_tokens} input tokens. Please reduce the length of the "
-            "input messages."
+            f"{param}={request.max_tokens} cannot be greater than "
+            f"max_model_len={max_model_len}. Please request fewer output tokens.",
+            param,
         )
+    requested = request.max_tokens or 0
+    texts: list[str | tuple[int, ...]]
+    if isinstance(request.prompt, ChatPrompt):
+        texts = [_render_chat(request.prompt, tokenizer)]
+    else:
+        texts = list(request.prompt.items)
+    prompts: list[tuple[int, ...]] = []
+    for text in texts:
+        if isinstance(text, str):
+            _check_text_length(text, requested, max_model_len, max_chars_per_token)
+            # vLLM encodes a rendered chat prompt without adding special tokens again.
+            add_special = not isinstance(request.prompt, ChatPrompt)
+            ids = tuple(tokenizer.encode(text, add_special_tokens=add_special))
+        else:
+            ids = text
+        if len(ids) > max_model_len:
+            raise bad_request(
+                f"You passed {len(ids)} input tokens and requested {requested} output "
+                f"tokens. However, the model's context length is only {max_model_len} "
+                f"tokens, resulting in a maximum input length of {max_model_len} tokens. "
+                "Please reduce the length of the input prompt.",
+                "input_tokens",
+            )
+        prompts.append(ids)
+    for ids in prompts:
+        _check_vocabulary(ids, tokenizer)
+    return tuple(prompts)
+
+
+def output_budget(request: GenerationRequest, num_prompt_tokens: int, max_model_len: int) -> int:
+    """Output tokens one sequence of this prompt may generate (vLLM 0.32's ``get_max_tokens``).
+
+    The requested limit clamped to what fits beside the prompt: an explicit ``max_tokens``
+    larger than the room left generates up to ``max_model_len`` and ends with ``"length"``.
+    An omitted ``max_tokens`` means up to ``max_model_len`` for chat, and 16 (clamped) for
+    completions; ``"max_tokens": null`` means up to ``max_model_len`` for both. A prompt that
+    fills ``max_model_len`` leaves 0, which vLLM's sampling parameters refuse (400).
+    """
     room = max_model_len - num_prompt_tokens
-    if request.max_tokens is None:
-        default = request.default_max_tokens
-        return room if default is None else min(default, room)
-    if request.max_tokens > room:
-        raise bad_request(
-            f"This model's maximum context length is {max_model_len} tokens. However, you "
-            f"requested {request.max_tokens} output tokens and your prompt contains "
-            f"{num_prompt_tokens} input tokens, for a total of "
-            f"{num_prompt_tokens + request.max_tokens} tokens. Please reduce the length of the "
-            "input prompt or the number of requested output tokens."
-        )
-    return request.max_tokens
+    limit = request.max_tokens if request.max_tokens is not None else request.default_max_tokens
+    budget = room if limit is None else min(limit, room)
+    if budget < 1:
+        raise bad_request(f"max_tokens must be at least 1, got {budget}.", "max_tokens")
+    return budget
 
 
 def parse_tokenize(
@@ -178,7 +262,7 @@ def parse_tokenize(
     return tokenizer.encode(prompt, add_special_tokens=True if add_special is None else add_special)
 
 
-def _chat_prompt(body: Mapping[str, Any], tokenizer: HfTokenizer) -> tuple[int, ...]:
+def _chat_messages(body: Mapping[str, Any]) -> ChatPrompt:
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise bad_request("'messages' must be a non-empty list of messages.", "messages")
@@ -186,27 +270,36 @@ def _chat_prompt(body: Mapping[str, Any], tokenizer: HfTokenizer) -> tuple[int, 
         if not isinstance(message, dict) or not isinstance(message.get("role"), str):
             raise bad_request(f"messages[{i}] must be an object with a 'role'.", "messages")
     add_generation_prompt = _optional_bool(body, "add_generation_prompt")
+    return ChatPrompt(
+        tuple(messages), True if add_generation_prompt is None else add_generation_prompt
+    )
+
+
+def _render_chat(prompt: ChatPrompt, tokenizer: HfTokenizer) -> str:
     try:
-        rendered = tokenizer.apply_chat_template(
-            messages,
-            add_generation_prompt=True if add_generation_prompt is None else add_generation_prompt,
+        return tokenizer.apply_chat_template(
+            prompt.messages, add_generation_prompt=prompt.add_generation_prompt
         )
     except (TokenCountError, ValueError) as exc:
         raise bad_request(str(exc), "messages") from exc
+
+
+def _chat_prompt(body: Mapping[str, Any], tokenizer: HfTokenizer) -> tuple[int, ...]:
     # vLLM encodes a rendered chat prompt without adding special tokens again.
-    return tuple(tokenizer.encode(rendered, add_special_tokens=False))
+    text = _render_chat(_chat_messages(body), tokenizer)
+    return tuple(tokenizer.encode(text, add_special_tokens=False))
 
 
-def _completion_prompts(prompt: object, tokenizer: HfTokenizer) -> tuple[tuple[int, ...], ...]:
+def _completion_prompts(prompt: object) -> CompletionPrompts:
     if isinstance(prompt, str):
-        return (tuple(tokenizer.encode(prompt)),)
+        return CompletionPrompts((prompt,))
     if isinstance(prompt, list) and prompt:
         if all(isinstance(p, str) for p in prompt):
-            return tuple(tuple(tokenizer.encode(p)) for p in prompt)
+            return CompletionPrompts(tuple(prompt))
         if all(_is_int(t) for t in prompt):
-            return (_token_prompt(prompt, tokenizer),)
+            return CompletionPrompts((tuple(prompt),))
         if all(isinstance(p, list) and p and all(_is_int(t) for t in p) for p in prompt):
-            return tuple(_token_prompt(p, tokenizer) for p in prompt)
+            return CompletionPrompts(tuple(tuple(p) for p in prompt))
     raise bad_request(
         "'prompt' must be a string, a list of strings, a list of token ids or a list of lists "
         "of token ids, and not empty.",
@@ -214,11 +307,34 @@ def _completion_prompts(prompt: object, tokenizer: HfTokenizer) -> tuple[tuple[i
     )
 
 
-def _token_prompt(ids: list[Any], tokenizer: HfTokenizer) -> tuple[int, ...]:
+def _check_text_length(
+    text: str, requested: int, max_model_len: int, max_chars_per_token: int
+) -> None:
+    max_chars = max_model_len * max_chars_per_token
+    if len(text) > max_chars:
+        # vLLM refuses without even tokenizing: no prompt this long can fit.
+        raise bad_request(
+            f"You passed {len(text)} input characters and requested {requested} output "
+            f"tokens. However, the model's context length is only {max_model_len} tokens, "
+            f"resulting in a maximum input length of {max_model_len} tokens (at most "
+            f"{max_chars} characters). Please reduce the length of the input prompt.",
+            "input_text",
+        )
+
+
+def _check_vocabulary(ids: Sequence[int], tokenizer: HfTokenizer) -> None:
     for token_id in ids:
         if not 0 <= token_id < tokenizer.vocab_size:
             raise bad_request(f"Token id {token_id} is out of vocabulary", "prompt")
-    return tuple(ids)
+
+
+def _cache_salt(body: Mapping[str, Any]) -> str | None:
+    salt = body.get("cache_salt")
+    if salt is not None and (not isinstance(salt, str) or not salt):
+        raise bad_request(
+            "Parameter 'cache_salt' must be a non-empty string if provided.", "cache_salt"
+        )
+    return salt
 
 
 def _is_int(value: object) -> bool:

@@ -8,12 +8,16 @@ from typing import Any, Literal
 Kind = Literal["chat", "completion"]
 
 
-def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
+def usage(
+    prompt_tokens: int, completion_tokens: int, cached_tokens: int | None = None
+) -> dict[str, Any]:
+    """vLLM's usage object; ``prompt_tokens_details`` only for a truthy ``cached_tokens`` (vLLM
+    fills it only with ``--enable-prompt-tokens-details`` and a non-zero cache hit)."""
     return {
         "prompt_tokens": prompt_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
         "completion_tokens": completion_tokens,
-        "prompt_tokens_details": None,
+        "prompt_tokens_details": {"cached_tokens": cached_tokens} if cached_tokens else None,
     }
 
 
@@ -35,6 +39,7 @@ def final_response(
     choices: Sequence[tuple[int, str, str]],  # (index, text, finish_reason)
     prompt_tokens: int,
     completion_tokens: int,
+    cached_tokens: int | None = None,
 ) -> dict[str, Any]:
     body = _envelope(kind, request_id, created, model, stream=False)
     if kind == "chat":
@@ -66,7 +71,7 @@ def final_response(
             }
             for index, text, reason in choices
         ]
-    body["usage"] = usage(prompt_tokens, completion_tokens)
+    body["usage"] = usage(prompt_tokens, completion_tokens, cached_tokens)
     return body
 
 
@@ -96,43 +101,49 @@ def chunk(
 
 
 def usage_chunk(
-    kind: Kind, request_id: str, created: int, model: str, prompt: int, completion: int
+    kind: Kind,
+    request_id: str,
+    created: int,
+    model: str,
+    prompt: int,
+    completion: int,
+    cached_tokens: int | None = None,
 ) -> dict[str, Any]:
     """The last event with ``stream_options.include_usage``: no choices, only usage."""
     body = _envelope(kind, request_id, created, model, stream=True)
     body["choices"] = []
-    body["usage"] = usage(prompt, completion)
+    body["usage"] = usage(prompt, completion, cached_tokens)
     return body
 
 
 def models(model: str, created: int, max_model_len: int) -> dict[str, Any]:
+    return {"object": "list", "data": [model_card(model, created, max_model_len)]}
+
+
+def model_card(model: str, created: int, max_model_len: int) -> dict[str, Any]:
+    """One entry of ``/v1/models``; also the body of ``/v1/models/{id}``."""
     return {
-        "object": "list",
-        "data": [
+        "id": model,
+        "object": "model",
+        "created": created,
+        "owned_by": "vllm",
+        "root": model,
+        "parent": None,
+        "max_model_len": max_model_len,
+        "permission": [
             {
-                "id": model,
-                "object": "model",
+                "id": f"modelperm-{model}",
+                "object": "model_permission",
                 "created": created,
-                "owned_by": "vllm",
-                "root": model,
-                "parent": None,
-                "max_model_len": max_model_len,
-                "permission": [
-                    {
-                        "id": f"modelperm-{model}",
-                        "object": "model_permission",
-                        "created": created,
-                        "allow_create_engine": False,
-                        "allow_sampling": True,
-                        "allow_logprobs": True,
-                        "allow_search_indices": False,
-                        "allow_view": True,
-                        "allow_fine_tuning": False,
-                        "organization": "*",
-                        "group": None,
-                        "is_blocking": False,
-                    }
-                ],
+                "allow_create_engine": False,
+                "allow_sampling": True,
+                "allow_logprobs": True,
+                "allow_search_indices": False,
+                "allow_view": True,
+                "allow_fine_tuning": False,
+                "organization": "*",
+                "group": None,
+                "is_blocking": False,
             }
         ],
     }

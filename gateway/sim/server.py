@@ -26,17 +26,23 @@ from starlette.types import Receive, Scope, Send
 
 from gateway.sim import responses
 from gateway.sim.engine import Engine, EngineLimits, RequestSpec, StepTiming
+from gateway.sim.front_door import QueueLimits
 from gateway.sim.generation import OutputPlan, OutputPlanner
 from gateway.sim.loop import Ended, EngineLoop, Event, Generated
 from gateway.sim.metrics import EngineMetrics
 from gateway.sim.protocol import (
     ApiError,
     GenerationRequest,
+    bad_request,
+    model_not_found,
     output_budget,
     parse_generation,
     parse_json,
     parse_tokenize,
+    queue_refusal,
+    render_prompts,
 )
+from gateway.sim.request_ids import RequestIdLog
 from gateway.tokens.hf import BUNDLED_TOKENIZER_DIR, HfTokenizer
 
 SIM_VLLM_VERSION = "0.32.0+kvgateway.sim"
@@ -58,6 +64,12 @@ class SimConfig:
     seed: int = 0
     tokenizer: Path = field(default=BUNDLED_TOKENIZER_DIR)
     chunked_prefill: bool = True
+    enable_prefix_caching: bool = True  # vLLM v1's default
+    enable_prompt_tokens_details: bool = False  # usage.prompt_tokens_details.cached_tokens
+    max_num_queued_reqs: int | None = None  # vLLM's front-door limits (503), off by default
+    max_num_queued_tokens: int | None = None
+    reject_duplicate_request_ids: bool = False  # older vLLM: a 400 for an id in flight
+    hidden_metrics: tuple[str, ...] = ()  # families left out of /metrics (testing aid)
     gpu_memory_utilization: float = 0.92  # only reported in vllm:cache_config_info
     host: str = "127.0.0.1"
     port: int = 8001
@@ -71,10 +83,14 @@ class SimConfig:
             max_num_batched_tokens=self.max_num_batched_tokens,
             max_model_len=self.max_model_len,
             chunked_prefill=self.chunked_prefill,
+            enable_prefix_caching=self.enable_prefix_caching,
         )
 
     def timing(self) -> StepTiming:
         return StepTiming(self.prefill_ms_per_token, self.decode_ms_base, self.decode_ms_per_seq)
+
+    def queue_limits(self) -> QueueLimits:
+        return QueueLimits(self.max_num_queued_reqs, self.max_num_queued_tokens)
 
 
 class SimState:
@@ -85,19 +101,28 @@ class SimState:
         self.created = int(time.time())
         self.tokenizer = HfTokenizer.load(cfg.tokenizer)
         self.planner = OutputPlanner(self.tokenizer, cfg.seed)
+        self.max_chars_per_token = max_chars_per_token(self.tokenizer)
         self.engine = Engine(cfg.limits(), cfg.timing())
+        self.queue_limits = cfg.queue_limits()
+        self.request_ids = RequestIdLog()
         self.metrics = EngineMetrics(
             model_name=cfg.served_model_name,
             limits=self.engine.limits,
             snapshot=self.engine.snapshot,
             started_at=time.time(),
             gpu_memory_utilization=cfg.gpu_memory_utilization,
+            hidden=cfg.hidden_metrics,
         )
         self.loop = EngineLoop(self.engine, self.metrics)
         self.task: asyncio.Task[None] | None = None
 
     def alive(self) -> bool:
         return self.task is not None and not self.task.done()
+
+
+def max_chars_per_token(tokenizer: HfTokenizer) -> int:
+    """The longest token string of the vocabulary: vLLM's bound on characters per token."""
+    return max(len(tokenizer.id_to_token(i) or "") for i in range(tokenizer.vocab_size))
 
 
 def create_app(cfg: SimConfig) -> Starlette:
@@ -117,6 +142,8 @@ def create_app(cfg: SimConfig) -> Starlette:
         Route("/v1/chat/completions", _GenerationEndpoint(state, "chat"), methods=["POST"]),
         Route("/v1/completions", _GenerationEndpoint(state, "completion"), methods=["POST"]),
         Route("/v1/models", _with_state(state, _models), methods=["GET"]),
+        # Not a vLLM route (0.32 serves only the list): the OpenAI SDK's models.retrieve.
+        Route("/v1/models/{model_id:path}", _with_state(state, _model), methods=["GET"]),
         Route("/health", _with_state(state, _health), methods=["GET"]),
         Route("/tokenize", _with_state(state, _tokenize), methods=["POST"]),
         Route("/version", _with_state(state, _version), methods=["GET"]),
@@ -144,6 +171,15 @@ def _with_state(state: SimState, handler: Handler) -> Callable[[Request], Awaita
 async def _models(state: SimState, request: Request) -> Response:
     cfg = state.cfg
     return JSONResponse(responses.models(cfg.served_model_name, state.created, cfg.max_model_len))
+
+
+async def _model(state: SimState, request: Request) -> Response:
+    cfg = state.cfg
+    model_id = request.path_params["model_id"]
+    if model_id != cfg.served_model_name:
+        err = model_not_found(model_id)
+        return JSONResponse(err.body(), status_code=err.status)
+    return JSONResponse(responses.model_card(model_id, state.created, cfg.max_model_len))
 
 
 async def _health(state: SimState, request: Request) -> Response:
@@ -180,12 +216,16 @@ async def _sim_state(state: SimState, request: Request) -> Response:
     """Debug view of the scheduler (not a vLLM endpoint)."""
     engine = state.engine
     snap = engine.snapshot()
+    pool = engine.block_pool
     return JSONResponse(
         {
             "num_gpu_blocks": engine.limits.num_gpu_blocks,
             "usable_blocks": engine.limits.usable_blocks,
             "block_size": engine.limits.block_size,
+            "enable_prefix_caching": engine.limits.enable_prefix_caching,
             "used_blocks": snap.used_blocks,
+            "cached_blocks": pool.num_cached,
+            "evictable_blocks": pool.num_evictable,
             "kv_cache_usage": snap.kv_cache_usage,
             "running": snap.running,
             "waiting": snap.waiting,
@@ -193,6 +233,9 @@ async def _sim_state(state: SimState, request: Request) -> Response:
             "peak_running": snap.peak_running,
             "peak_used_blocks": snap.peak_used_blocks,
             "requests": [vars(v) for v in engine.requests()],
+            # x-request-id values of generation requests, the last 10,000 in arrival order.
+            "x_request_ids": state.request_ids.recent(),
+            "x_request_ids_total": state.request_ids.total,
         }
     )
 
@@ -207,6 +250,20 @@ class _Choice:
     plan: OutputPlan
     generated: int = 0
     ended: bool = False
+    ended_order: int = 0  # 1 for the first choice to end, 2 for the next...
+    num_cached_tokens: int = 0
+
+
+@dataclass(frozen=True)
+class _Decision:
+    """A request accepted for generation: everything the endpoint needs to run it."""
+
+    request: GenerationRequest
+    request_id: str
+    prompts: tuple[tuple[int, ...], ...]
+    choices: list[_Choice]
+    # The engine request ids vLLM 0.7-0.10 derived from x-request-id (none without it).
+    legacy_ids: tuple[str, ...]
 
 
 class _GenerationEndpoint:
@@ -217,24 +274,32 @@ class _GenerationEndpoint:
         self._kind = kind
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        ids = self._state.request_ids
+        x_request_id = _header(scope, b"x-request-id")
+        if x_request_id is not None:
+            ids.received(x_request_id)
         raw = await _read_body(receive)
         if raw is None:
             return  # the client left before we had the request
         try:
-            request, request_id, choices = self._decide(raw)
+            decision = self._decide(raw, x_request_id)
         except ApiError as err:
             await _send_json(send, err.status, err.body())
             return
-        job = _Job(self._state, request, request_id, choices, send)
+        request, prompts, choices = decision.request, decision.prompts, decision.choices
+        job = _Job(self._state, request, decision.request_id, prompts, choices, send)
         loop = self._state.loop
         sink: asyncio.Queue[Event] = asyncio.Queue()
+        for legacy_id in decision.legacy_ids:
+            ids.started(legacy_id)
         try:
             for choice in choices:
-                spec = RequestSpec(
+                spec = RequestSpec.of_tokens(
                     choice.engine_id,
-                    len(request.prompts[choice.index // request.n]),
-                    len(choice.plan),
+                    prompts[choice.index // request.n],
+                    choice.plan.token_ids,
                     choice.plan.finish_reason,
+                    cache_salt=request.cache_salt,
                 )
                 loop.submit(spec, sink)
             await _until_disconnect(job.run(sink), receive)
@@ -243,27 +308,75 @@ class _GenerationEndpoint:
             for choice in choices:
                 if not choice.ended:
                     loop.abort(choice.engine_id)
+            for legacy_id in decision.legacy_ids:
+                ids.ended(legacy_id)
 
-    def _decide(self, raw: bytes) -> tuple[GenerationRequest, str, list[_Choice]]:
+    def _decide(self, raw: bytes, x_request_id: str | None) -> _Decision:
+        """Parse, render and plan a request, or raise the ``ApiError`` vLLM would answer.
+
+        The answer's id is ``chatcmpl-<x-request-id>`` / ``cmpl-<x-request-id>`` when the header
+        is present (vLLM's base request id), else a fresh uuid. Engine sequence ids always get a
+        unique suffix, as current vLLM's do, so equal header values never collide in the engine.
+        """
         state = self._state
+        cfg = state.cfg
         request = parse_generation(
-            self._kind,
-            parse_json(raw),
-            served_model_name=state.cfg.served_model_name,
+            self._kind, parse_json(raw), served_model_name=cfg.served_model_name
+        )
+        self._check_queue_limits(request)
+        prompts = render_prompts(
+            request,
             tokenizer=state.tokenizer,
+            max_model_len=cfg.max_model_len,
+            max_chars_per_token=state.max_chars_per_token,
         )
         prefix = "chatcmpl" if self._kind == "chat" else "cmpl"
-        request_id = f"{prefix}-{uuid.uuid4().hex}"
+        legacy_ids: tuple[str, ...] = ()
+        if x_request_id is not None:
+            legacy_ids = self._legacy_ids(f"{prefix}-{x_request_id}", len(prompts), request.n)
+            if cfg.reject_duplicate_request_ids:
+                self._check_duplicate(legacy_ids)
+        request_id = f"{prefix}-{x_request_id or uuid.uuid4().hex}"
+        unique = "" if x_request_id is None else f"-{uuid.uuid4().hex[:8]}"
         choices: list[_Choice] = []
-        for p, prompt in enumerate(request.prompts):
-            budget = output_budget(request, len(prompt), state.cfg.max_model_len)
+        for p, prompt in enumerate(prompts):
+            budget = output_budget(request, len(prompt), cfg.max_model_len)
             for j in range(request.n):  # vLLM v1 fans n out into n sequences
                 plan = state.planner.plan(
                     prompt, budget, ignore_eos=request.ignore_eos, seed=request.seed, index=j
                 )
                 index = p * request.n + j
-                choices.append(_Choice(index, f"{request_id}-{index}", plan))
-        return request, request_id, choices
+                choices.append(_Choice(index, f"{request_id}-{index}{unique}", plan))
+        return _Decision(request, request_id, prompts, choices, legacy_ids)
+
+    def _legacy_ids(self, base: str, num_prompts: int, n: int) -> tuple[str, ...]:
+        """The engine request ids older vLLM registered: ``<base>`` for chat, ``<base>-<p>``
+        per completions prompt, each as ``<j>_<id>`` children when ``n > 1``."""
+        parents = [base] if self._kind == "chat" else [f"{base}-{p}" for p in range(num_prompts)]
+        if n == 1:
+            return tuple(parents)
+        return tuple(f"{j}_{parent}" for parent in parents for j in range(n))
+
+    def _check_duplicate(self, legacy_ids: tuple[str, ...]) -> None:
+        """Older vLLM (0.7 to about 0.10): an engine request id already in flight is a 400
+        from its output processor, naming the first one that collides."""
+        log = self._state.request_ids
+        for legacy_id in legacy_ids:
+            if log.in_flight(legacy_id):
+                raise bad_request(f"Request id {legacy_id} already running.")
+
+    def _check_queue_limits(self, request: GenerationRequest) -> None:
+        """vLLM's front door, before the prompt is rendered (its ``_preflight``)."""
+        state = self._state
+        limits, engine = state.queue_limits, state.engine
+        reason = limits.refusal(
+            unfinished=engine.num_unfinished,
+            sequences=request.num_sequences,
+            prefill_backlog_tokens=engine.prefill_backlog_tokens() if limits.counts_tokens else 0,
+        )
+        if reason is not None:
+            state.metrics.count_admission_rejection(reason)
+            raise queue_refusal(reason)
 
 
 class _Job:
@@ -274,6 +387,7 @@ class _Job:
         state: SimState,
         request: GenerationRequest,
         request_id: str,
+        prompts: tuple[tuple[int, ...], ...],
         choices: list[_Choice],
         send: Send,
     ) -> None:
@@ -281,10 +395,12 @@ class _Job:
         self._request = request
         self._choices = {c.engine_id: c for c in choices}
         # vLLM counts each prompt once, however many choices (n) it has.
-        self._prompt_tokens = sum(len(p) for p in request.prompts)
+        self._prompt_tokens = sum(len(p) for p in prompts)
         self._send = send
         self._id = request_id
         self._created = int(time.time())
+        self._tokens_details = state.cfg.enable_prompt_tokens_details
+        self._num_ended = 0
 
     async def run(self, sink: asyncio.Queue[Event]) -> None:
         if self._request.stream:
@@ -299,7 +415,10 @@ class _Job:
             if isinstance(event, Generated):
                 choice.generated = event.index + 1
             elif isinstance(event, Ended):
+                self._num_ended += 1
                 choice.ended = True
+                choice.ended_order = self._num_ended
+                choice.num_cached_tokens = event.num_cached_tokens
             yield choice, event
 
     async def _collect(self, sink: asyncio.Queue[Event]) -> None:
@@ -318,6 +437,7 @@ class _Job:
             done,
             self._prompt_tokens,
             self._completion_tokens(),
+            self._cached_tokens(),
         )
         await _send_json(self._send, 200, body)
 
@@ -353,6 +473,7 @@ class _Job:
                     request.model,
                     self._prompt_tokens,
                     self._completion_tokens(),
+                    self._cached_tokens(),
                 )
             )
         await self._send({"type": "http.response.body", "body": b"data: [DONE]\n\n"})
@@ -378,6 +499,33 @@ class _Job:
 
     def _completion_tokens(self) -> int:
         return sum(c.generated for c in self._choices.values())
+
+    def _cached_tokens(self) -> int | None:
+        """``usage.prompt_tokens_details.cached_tokens`` as vLLM reports it, or None.
+
+        vLLM reports the cached tokens of one engine request: the last prompt's (completions
+        read the last result), and of its sequences (``n > 1``) the one that ended last.
+        """
+        if not self._tokens_details:
+            return None
+        last_prompt = max(c.index for c in self._choices.values()) // self._request.n
+        ended = [
+            c
+            for c in self._choices.values()
+            if c.index // self._request.n == last_prompt and c.ended
+        ]
+        if not ended:
+            return None
+        return max(ended, key=lambda c: c.ended_order).num_cached_tokens
+
+
+def _header(scope: Scope, name: bytes) -> str | None:
+    """The first value of a request header (``name`` in lower case), decoded as latin-1."""
+    for key, value in scope.get("headers", ()):
+        if key == name:
+            decoded: str = value.decode("latin-1")
+            return decoded
+    return None
 
 
 async def _read_body(receive: Receive) -> bytes | None:

@@ -27,6 +27,28 @@ def test_flags_map_onto_sim_config() -> None:
     assert (cfg.num_gpu_blocks, cfg.block_size, cfg.max_model_len) == (6, 128, 512)
     assert cfg.served_model_name == "m" and cfg.decode_ms_per_seq == 0.5
     assert cfg.chunked_prefill is False
+    assert cfg.enable_prefix_caching is True and cfg.enable_prompt_tokens_details is False
+    args = parser.parse_args(["--no-enable-prefix-caching", "--enable-prompt-tokens-details"])
+    cfg = cli.config_from_args(args)
+    assert cfg.enable_prefix_caching is False and cfg.enable_prompt_tokens_details is True
+    assert (cfg.max_num_queued_reqs, cfg.max_num_queued_tokens) == (None, None)
+    args = parser.parse_args(["--max-num-queued-reqs", "0", "--max-num-queued-tokens", "4096"])
+    cfg = cli.config_from_args(args)
+    assert (cfg.max_num_queued_reqs, cfg.max_num_queued_tokens) == (0, 4096)
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--max-num-queued-reqs", "-1"])
+    assert cfg.reject_duplicate_request_ids is False
+    args = parser.parse_args(["--reject-duplicate-request-ids"])
+    assert cli.config_from_args(args).reject_duplicate_request_ids is True
+    args = parser.parse_args(["--hide-metric", "vllm:cache_config_info", "--hide-metric", "x"])
+    assert cli.config_from_args(args).hidden_metrics == ("vllm:cache_config_info", "x")
+
+
+def test_an_unknown_hidden_metric_is_refused_at_start(capsys: pytest.CaptureFixture[str]) -> None:
+    parser = argparse.ArgumentParser()
+    cli.add_arguments(parser)
+    assert cli.run(parser.parse_args(["--hide-metric", "vllm:nope"])) == 2
+    assert "cannot hide vllm:nope" in capsys.readouterr().err
 
 
 def test_impossible_geometry_is_refused_at_start() -> None:

@@ -198,6 +198,7 @@ _request = st.tuples(
     max_num_seqs=st.integers(1, 10),
     budget=st.integers(1, 100),
     chunked=st.booleans(),
+    caching=st.booleans(),
 )
 def test_invariants_hold_under_any_load(
     requests: list[tuple[int, int, float, bool]],
@@ -206,6 +207,7 @@ def test_invariants_hold_under_any_load(
     max_num_seqs: int,
     budget: int,
     chunked: bool,
+    caching: bool,
 ) -> None:
     max_model_len = 80
     limits = EngineLimits(
@@ -215,6 +217,7 @@ def test_invariants_hold_under_any_load(
         max_num_batched_tokens=budget if chunked else max(budget, max_model_len),
         max_model_len=max_model_len,
         chunked_prefill=chunked,
+        enable_prefix_caching=caching,  # specs without token ids share no block either way
     )
     engine = Engine(limits, StepTiming(0.1, 1.0, 0.1))
     arrivals = sorted(

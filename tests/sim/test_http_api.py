@@ -169,27 +169,12 @@ def _error(status: int, error_type: str, message: str) -> tuple[int, str, str]:
     return status, error_type, message
 
 
+# Over-long requests have their own table in test_http_max_tokens.py.
 ERROR_CASES: list[tuple[str, Any, tuple[int, str, str]]] = [
     (
         "/v1/completions",
         {"model": "nope", "prompt": "x"},
         _error(404, "NotFoundError", "The model `nope` does not exist."),
-    ),
-    (
-        "/v1/completions",
-        {"model": "tiny", "prompt": list(range(10, 74))},
-        _error(400, "BadRequestError", "However, your request has 64 input tokens"),
-    ),
-    (
-        "/v1/completions",
-        {"model": "tiny", "prompt": list(range(10, 40)), "max_tokens": 40},
-        _error(
-            400,
-            "BadRequestError",
-            "This model's maximum context length is 64 tokens. However, you requested 40 "
-            "output tokens and your prompt contains 30 input tokens, for a total of 70 "
-            "tokens.",
-        ),
     ),
     ("/v1/completions", b"{not json", _error(400, "BadRequestError", "not valid JSON")),
     ("/v1/completions", [1, 2], _error(400, "BadRequestError", "JSON object")),
@@ -218,6 +203,11 @@ ERROR_CASES: list[tuple[str, Any, tuple[int, str, str]]] = [
         {"model": "tiny", "messages": MESSAGES, "stream_options": {"include_usage": True}},
         _error(400, "BadRequestError", "Stream options"),
     ),
+    (
+        "/v1/completions",
+        {"model": "tiny", "prompt": "x", "cache_salt": ""},
+        _error(400, "BadRequestError", "'cache_salt' must be a non-empty string"),
+    ),
     ("/tokenize", {"prompt": 3}, _error(400, "BadRequestError", "'prompt'")),
     ("/tokenize", {"model": "nope", "prompt": "x"}, _error(404, "NotFoundError", "nope")),
 ]
@@ -237,3 +227,25 @@ async def test_errors_have_vllm_shape(sim: SimFactory, client: httpx.AsyncClient
             assert message in error["message"], (error, message)
         st = (await client.get(f"{url}/sim/state")).json()
         assert st["used_blocks"] == 0 and st["requests"] == []  # nothing was admitted
+
+
+async def test_a_model_can_be_retrieved_by_id(sim: SimFactory, client: httpx.AsyncClient) -> None:
+    """GET /v1/models/{id}: an extension (vLLM serves only the list), for models.retrieve."""
+    async with sim(served_model_name="org/tiny-1", max_model_len=512, num_gpu_blocks=64) as url:
+        listed = (await client.get(f"{url}/v1/models")).json()["data"][0]
+        reply = await client.get(f"{url}/v1/models/org/tiny-1")
+        assert reply.status_code == 200 and reply.json() == listed
+        api = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0)
+        model = await api.models.retrieve("org/tiny-1")
+        assert model.id == "org/tiny-1" and model.owned_by == "vllm"
+        missing = await client.get(f"{url}/v1/models/nope")
+        assert missing.status_code == 404
+        assert missing.json() == {
+            "error": {
+                "message": "The model `nope` does not exist.",
+                "type": "NotFoundError",
+                "param": "model",
+                "code": 404,
+            }
+        }
+        await api.close()

@@ -48,7 +48,15 @@ async def test_with_n_blocks_and_k_block_requests_at_most_n_over_k_run(
 ) -> None:
     # 9 blocks = 8 usable (one is vLLM's null block); each request needs k = 3 blocks of 4
     # tokens (9-token prompt + 3 output tokens, KV <= 11 tokens) -> at most 8 // 3 = 2 run.
-    async with sim(num_gpu_blocks=9, block_size=4, max_model_len=32, decode_ms_base=60) as url:
+    # Without prefix caching: with it, the six identical prompts would share their 2 full
+    # blocks (see test_http_prefix_cache.py).
+    async with sim(
+        num_gpu_blocks=9,
+        block_size=4,
+        max_model_len=32,
+        decode_ms_base=60,
+        enable_prefix_caching=False,
+    ) as url:
         body = {"model": "tiny", "prompt": list(range(200, 209)), "max_tokens": 3}
         body["ignore_eos"] = True
         tasks = [
