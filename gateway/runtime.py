@@ -23,6 +23,7 @@ from gateway.proxy import Upstream
 from gateway.scheduler import Scheduler
 from gateway.service import Service
 from gateway.state.base import StateStore
+from gateway.state.fallback import FailOpenLocal
 from gateway.state.memory import InMemoryStore
 from gateway.state.redis import RedisStore
 from gateway.tokens import make_counter
@@ -63,8 +64,10 @@ class Runtime:
 
 
 def make_store(cfg: GatewayConfig, router: Router) -> StateStore:
-    """In-process state, or Redis when configured (several replicas share it)."""
-    if cfg.redis is None:
+    """In-process state, or Redis when configured (several replicas share it), with the
+    in-process store behind it under `on_failure: fail_open_local`."""
+
+    def in_process() -> InMemoryStore:
         return InMemoryStore(
             router,
             random.Random(cfg.routing.seed),
@@ -72,22 +75,26 @@ def make_store(cfg: GatewayConfig, router: Router) -> StateStore:
             headroom=cfg.admission.share_headroom,
             active_window_s=cfg.admission.active_window_s,
         )
+
+    if cfg.redis is None:
+        return in_process()
     replica = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
     log.info("shared state: Redis %s (replica %s)", _redacted(cfg.redis.url), replica)
-    return RedisStore(
+    shared = RedisStore(
         cfg.redis.url,
         router.scorer_names,
         replica_id=replica,
         lease_ttl_s=cfg.redis.lease_ttl_s,
         key_prefix=cfg.redis.key_prefix,
-        on_failure=cfg.redis.on_failure,
-        local_share=cfg.redis.local_share,
         timeout_s=cfg.redis.timeout_s,
         seed=cfg.routing.seed,
         burst_blocks=cfg.queue.fair_burst_blocks,
         headroom=cfg.admission.share_headroom,
         active_window_s=cfg.admission.active_window_s,
     )
+    if cfg.redis.on_failure == "fail_open_local":
+        return FailOpenLocal(shared, in_process(), cfg.redis.local_share)
+    return shared
 
 
 def _redacted(url: str) -> str:

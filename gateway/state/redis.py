@@ -14,13 +14,12 @@ A change that may let a waiter in (a release, an entry leaving the line, a reape
 published on `{<key_prefix>}:changed` by the script itself; every store listens and wakes
 its `wait_for_change` callers.
 
-Losing Redis: `on_failure="fail_closed"` (the default) raises `StateUnavailable` (503) from
-the calls that decide admission — limits and capacity shared by replicas cannot be checked,
-and admitting blind could over-commit every engine N-fold. `"fail_open_local"` instead
-admits through an in-process store that sees only `local_share` of every engine and every
-tenant limit, until Redis answers again. Either way the store keeps trying Redis (after a
-short back-off) and resumes without a restart; releases and dequeues made during the outage
-are retried when it is back, and leases granted locally are then adopted by Redis.
+Losing Redis: the calls that decide admission raise `StateUnavailable` (503, "fail closed")
+— limits and capacity shared by replicas cannot be checked, and admitting blind could
+over-commit every engine N-fold. `gateway.state.fallback.FailOpenLocal` wraps this store for
+`on_failure: fail_open_local`. The store keeps trying Redis (after a short back-off) and
+resumes without a restart; releases and dequeues made during the outage are retried when it
+is back, and `adopt` takes over leases granted elsewhere meanwhile.
 """
 
 from __future__ import annotations
@@ -29,13 +28,12 @@ import asyncio
 import contextlib
 import json
 import logging
-import math
 import random
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import replace
 from importlib import resources
-from typing import Any, Literal, TypeVar
+from typing import Any
 
 import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
@@ -46,7 +44,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from gateway.core import headroom as room
 from gateway.core import tenants
 from gateway.core.fairqueue import BURST_BLOCKS, check_burst, check_policy
-from gateway.core.routing import Candidate, Router
+from gateway.core.routing import Router
 from gateway.core.tenants import Bucket, TenantUsage
 from gateway.core.types import EngineLoad, TenantPolicy
 from gateway.state.base import (
@@ -59,13 +57,10 @@ from gateway.state.base import (
     RefusalCode,
 )
 from gateway.state.errors import StateUnavailable
-from gateway.state.memory import InMemoryStore
 from gateway.state.totals import StoreTotals
 
 log = logging.getLogger(__name__)
 
-OnFailure = Literal["fail_closed", "fail_open_local"]
-T = TypeVar("T")
 
 KEY_NAMES = ("leases", "lexp", "load", "ten", "rate", "q", "qent", "qexp", "qtf", "fair", "act")
 SCRIPTS = ("admit", "release", "renew", "extend", "enqueue", "dequeue", "inspect")
@@ -98,8 +93,6 @@ class RedisStore:
         replica_id: str,
         lease_ttl_s: float = 15,
         key_prefix: str = "kvgw",
-        on_failure: OnFailure = "fail_closed",
-        local_share: float = 0.5,
         seed: int | None = None,
         timeout_s: float = 1.0,
         burst_blocks: float = BURST_BLOCKS,
@@ -108,10 +101,6 @@ class RedisStore:
     ) -> None:
         if lease_ttl_s <= 0:
             raise ValueError("lease_ttl_s must be > 0")
-        if on_failure not in ("fail_closed", "fail_open_local"):
-            raise ValueError(f"on_failure must be fail_closed or fail_open_local, not {on_failure}")
-        if not 0 < local_share <= 1:
-            raise ValueError("local_share must be in (0, 1]")
         check_burst(burst_blocks)
         room.check_headroom(headroom, active_window_s)
         if any(c in key_prefix for c in "{}"):
@@ -119,11 +108,9 @@ class RedisStore:
         self.scorers = Router(router_scorers).scorer_names  # validates the names
         self.replica_id = replica_id
         self.lease_ttl_s = float(lease_ttl_s)
-        self.on_failure: OnFailure = on_failure
         self.burst_blocks = float(burst_blocks)  # the line's burst credit (fairqueue.py)
         self.headroom = float(headroom)  # capacity kept from tenants above their share
         self.active_window_s = float(active_window_s)
-        self.local_share = local_share
         self.key_ttl_s = max(MIN_KEY_TTL_S, 3 * self.lease_ttl_s)
         tag = f"{{{key_prefix}}}"
         self.keys = [f"{tag}:{name}" for name in KEY_NAMES]
@@ -140,16 +127,6 @@ class RedisStore:
         self._scripts = {
             name: self._redis.register_script(_script_source(name)) for name in SCRIPTS
         }
-        self._local = InMemoryStore(
-            Router(self.scorers),
-            random.Random(seed),
-            burst_blocks=self.burst_blocks,
-            headroom=self.headroom,
-            active_window_s=self.active_window_s,
-        )
-        # Leases granted by the local store in an outage: id -> record (as in `_held`), until
-        # Redis is back and they are adopted there.
-        self._outage: dict[str, dict[str, Any]] = {}
         # Leases this replica renews: id -> the lease's record as Redis holds it, written
         # again by the renewal if Redis lost it (see renew.lua).
         self._held: dict[str, dict[str, Any]] = {}
@@ -164,16 +141,7 @@ class RedisStore:
 
     async def try_admit(self, ask: AdmissionAsk) -> Lease | Refusal:
         check_policy(ask.tenant.priority, ask.tenant.weight)
-        try:
-            reply = await self._call("admit", await self._admit_args(ask))
-        except StateUnavailable:
-            if self.on_failure == "fail_closed":
-                raise
-            result = await self._local.try_admit(self._local_ask(ask))
-            if isinstance(result, Lease):
-                # Charged to the local buckets: Redis must not refund what it never charged.
-                self._outage[result.id] = self._record(result, replace(ask.tenant, tpm=None))
-            return result
+        reply = await self._call("admit", self._admit_args(ask))
         kind = _text(reply[0])
         if kind == "refused":
             code: RefusalCode = _text(reply[1])  # type: ignore[assignment]
@@ -197,9 +165,6 @@ class RedisStore:
     async def release(self, lease: Lease, used_tokens: int | None = None) -> bool:
         """Never raises for a lost Redis: the release is retried in the background (and the
         lease, no longer renewed, expires within `lease_ttl_s` in any case)."""
-        if self._outage.pop(lease.id, None) is not None:
-            self._notify()
-            return await self._local.release(lease, used_tokens)
         held = self._held.pop(lease.id, None)
         try:
             reply = await self._call("release", [lease.id, _opt(used_tokens)])
@@ -218,10 +183,6 @@ class RedisStore:
                 await self._renew(held)
 
     async def extend(self, lease: Lease, blocks: int) -> Lease:
-        if lease.id in self._outage:
-            grown = await self._local.extend(lease, blocks)
-            self._outage[lease.id]["b"] = grown.blocks
-            return grown
         record = self._held.get(lease.id)
         if record is None or blocks <= 0:
             return lease
@@ -252,48 +213,31 @@ class RedisStore:
             repr(self.active_window_s),
             *sorted(entry.engines),
         ]
-        try:
-            reply = await self._call("enqueue", args)
-        except StateUnavailable:
-            if self.on_failure == "fail_closed":
-                raise
-            return await self._local.enqueue(entry, max_length)
+        reply = await self._call("enqueue", args)
         verdict: QueueVerdict = _text(reply)  # type: ignore[assignment]
         return verdict
 
     async def dequeue(self, entry_id: str) -> None:
         """Never raises for a lost Redis (retried later; the entry expires in any case)."""
-        await self._local.dequeue(entry_id)
         try:
             await self._call("dequeue", [entry_id])
         except StateUnavailable:
             self._pending_dequeue.add(entry_id)
 
     async def queue_length(self) -> int:
-        return await self._read(
-            lambda: self._inspect("length"), self._local.queue_length, lambda r: int(r)
-        )
+        return int(await self._inspect("length"))
 
     async def blocks_ahead(self, engines: frozenset[str]) -> int:
-        return await self._read(
-            lambda: self._inspect("ahead", *sorted(engines)),
-            lambda: self._local.blocks_ahead(engines),
-            lambda r: int(r),
-        )
+        return int(await self._inspect("ahead", *sorted(engines)))
 
     async def rate_limits(self, tenant: TenantPolicy) -> RateLimitState:
         if tenant.rpm is None and tenant.tpm is None:
             return RateLimitState()
-        try:
-            raw = [_text(v) for v in await self._inspect("rates", tenant.name)]
-        except StateUnavailable:
-            if self.on_failure == "fail_closed":
-                raise
-            return await self._local.rate_limits(self._local_tenant(tenant))
+        raw = [_text(v) for v in await self._inspect("rates", tenant.name)]
         return _rate_values(tenant, *raw)
 
     async def loads(self) -> dict[str, EngineLoad]:
-        return await self._read(lambda: self._inspect("loads"), self._local.loads, _loads)
+        return _loads(await self._inspect("loads"))
 
     async def wait_for_change(self, within_s: float) -> None:
         self._start()
@@ -311,7 +255,6 @@ class RedisStore:
             await asyncio.wait(self._tasks, timeout=2.0)  # a swallowed cancel ends within 1 s
         self._tasks.clear()
         self._notify()
-        await self._local.close()
         await self._redis.aclose()
 
     # ---- not part of the port ------------------------------------------------------------
@@ -349,9 +292,8 @@ class RedisStore:
 
     # ---- internals -----------------------------------------------------------------------
 
-    async def _admit_args(self, ask: AdmissionAsk) -> list[str]:
+    def _admit_args(self, ask: AdmissionAsk) -> list[str]:
         policy = ask.tenant
-        local = await self._local.loads() if self._outage else {}
         seed = "" if self._rng is None else str(self._rng.randrange(2**31))
         args = [
             ask.lease_id,
@@ -375,9 +317,6 @@ class RedisStore:
         ]
         for c in ask.candidates:
             spec = c.view.spec
-            # Leases granted locally in an outage still occupy the engine and Redis does
-            # not know them: they count as reserved.
-            mine = local.get(spec.name, EngineLoad())
             args += [
                 spec.name,
                 str(spec.capacity_blocks(ask.kv_ceiling)),
@@ -387,62 +326,11 @@ class RedisStore:
                 "1" if c.view.healthy else "0",
                 str(c.need.blocks),
                 str(c.need.seqs),
-                str(mine.reserved_blocks),
-                str(mine.reserved_seqs),
             ]
         return args
 
-    def _local_ask(self, ask: AdmissionAsk) -> AdmissionAsk:
-        """The ask as the local store sees it in an outage: `local_share` of every engine
-        and of every tenant limit, rounded down."""
-        share = self.local_share
-        candidates = tuple(
-            Candidate(
-                replace(
-                    c.view,
-                    spec=replace(
-                        c.view.spec, max_num_seqs=math.floor(c.view.spec.max_num_seqs * share)
-                    ),
-                ),
-                c.need,
-            )
-            for c in ask.candidates
-        )
-        max_blocks = ask.tenant_max_blocks
-        return replace(
-            ask,
-            candidates=candidates,
-            kv_ceiling=ask.kv_ceiling * share,
-            tenant=self._local_tenant(ask.tenant),
-            tenant_max_blocks=None if max_blocks is None else math.floor(max_blocks * share),
-        )
-
-    def _local_tenant(self, policy: TenantPolicy) -> TenantPolicy:
-        def scaled(limit: int | None) -> int | None:
-            return None if limit is None else math.floor(limit * self.local_share)
-
-        return replace(
-            policy,
-            max_concurrency=scaled(policy.max_concurrency),
-            rpm=scaled(policy.rpm),
-            tpm=scaled(policy.tpm),
-        )
-
     async def _inspect(self, what: str, *args: str) -> Any:
         return await self._call("inspect", [what, *args])
-
-    async def _read(
-        self,
-        shared: Callable[[], Awaitable[Any]],
-        local: Callable[[], Awaitable[T]],
-        parse: Callable[[Any], T],
-    ) -> T:
-        try:
-            return parse(await shared())
-        except StateUnavailable:
-            if self.on_failure == "fail_closed":
-                raise
-            return await local()
 
     async def _call(self, script: str, args: list[str]) -> Any:
         """Run one script; a lost Redis becomes `StateUnavailable` (and a short back-off)."""
@@ -455,7 +343,7 @@ class RedisStore:
             )
         except REDIS_ERRORS as e:
             self._down_until = time.monotonic() + RETRY_REDIS_AFTER_S
-            log.warning("redis unreachable (%s: %s); %s", type(e).__name__, e, self.on_failure)
+            log.warning("redis unreachable (%s: %s)", type(e).__name__, e)
             raise StateUnavailable(f"Shared state (Redis) is unreachable: {e}") from e
 
     def _record(self, lease: Lease, tenant: TenantPolicy) -> dict[str, Any]:
@@ -483,24 +371,23 @@ class RedisStore:
             args += [lease_id, json.dumps(record, separators=(",", ":"))]
         return [_text(raw) for raw in await self._call("renew", args)]
 
-    async def _adopt(self) -> None:
-        """Redis is back: the leases granted locally in the outage are written there, so
-        every replica counts them, and from then on are held (and released) there."""
-        records = dict(self._outage)
-        sizes = {lease_id: record["b"] for lease_id, record in records.items()}
+    async def adopt(self, leases: Sequence[tuple[Lease, TenantPolicy]]) -> None:
+        """Take over leases granted outside Redis (by a fallback store in an outage): written
+        to Redis in one script, so every replica counts them, then held and renewed here.
+        `tenant` is the policy they were granted under (a TPM charged elsewhere must not be
+        refunded here: pass it without `tpm`). Raises `StateUnavailable` (nothing adopted)."""
+        records = {lease.id: self._record(lease, tenant) for lease, tenant in leases}
+        if not records:
+            return
         await self._write_leases(records)
-        for lease_id, record in records.items():
-            if self._outage.pop(lease_id, None) is None:
-                # Released locally while being adopted: release the adopted copy too.
-                self._pending_release.setdefault(lease_id, None)
-                continue
-            await self._local.release(Lease(lease_id, record["e"], record["b"], record["s"]))
-            self._held[lease_id] = record
-            if record["b"] != sizes[lease_id]:  # extended while it was being written
-                args = [lease_id, str(sizes[lease_id]), str(record["b"])]
-                await self._call("extend", args)
-            log.info("lease %s, granted locally while Redis was away, is held in Redis", lease_id)
-        await self._catch_up()
+        self._held.update(records)
+        for lease_id in records:
+            log.info("lease %s, granted while Redis was away, is held in Redis", lease_id)
+
+    @property
+    def pending(self) -> int:
+        """Releases and dequeues made while Redis was away, not yet sent."""
+        return len(self._pending_release) + len(self._pending_dequeue)
 
     async def _renew(self, held: dict[str, dict[str, Any]]) -> None:
         """Extend `held` (id -> record); Redis writes again the ones it lost."""
@@ -532,8 +419,6 @@ class RedisStore:
             await asyncio.sleep(self.lease_ttl_s / 3)
             try:
                 await self._catch_up()
-                if self._outage:
-                    await self._adopt()
                 if self._held:
                     await self._renew(dict(self._held))
             except StateUnavailable:

@@ -14,6 +14,7 @@ import pytest
 import redis.asyncio as aioredis
 
 from gateway.core.routing import DEFAULT_SCORERS, Router
+from gateway.state.fallback import FailOpenLocal
 from gateway.state.memory import InMemoryStore
 from gateway.state.redis import RedisStore
 from gateway.state.totals import StoreTotals
@@ -62,22 +63,32 @@ def redis_store(prefix: str, replica: str = "replica-a", **kwargs) -> RedisStore
     return RedisStore(REDIS_URL, DEFAULT_SCORERS, replica_id=replica, key_prefix=prefix, **kwargs)
 
 
-@pytest.fixture(params=["memory", pytest.param("redis", marks=pytest.mark.redis)])
+@pytest.fixture(
+    params=[
+        "memory",
+        pytest.param("redis", marks=pytest.mark.redis),
+        pytest.param("fail_open_local", marks=pytest.mark.redis),
+    ]
+)
 async def store(request, prefix):
+    """Each backend: in-process, Redis, and Redis behind the fail_open_local wrapper (which,
+    while Redis answers, must behave exactly as Redis)."""
     if request.param == "memory":
         s = InMemoryStore(Router(), random.Random(0))
-    else:
+    elif request.param == "redis":
         s = redis_store(prefix)
+    else:
+        s = FailOpenLocal(redis_store(prefix), InMemoryStore(Router(), random.Random(1)), 0.5)
     try:
         yield s
         totals = await s.totals()
         # Every test must leave nothing behind: leases, queue entries, tenant counters.
         assert totals == StoreTotals(), totals
-        if request.param == "redis":
+        if request.param != "memory":
             await assert_clean(prefix)
     finally:
         await s.close()
-        if request.param == "redis":
+        if request.param != "memory":
             await drop_keys(prefix)
 
 

@@ -10,9 +10,12 @@ from dataclasses import replace
 import pytest
 import redis.asyncio as aioredis
 
+from gateway.core.routing import Router
 from gateway.core.types import DEFAULT_TENANT, EngineLoad, TenantPolicy
 from gateway.state.base import Lease, QueueEntry, Refusal
 from gateway.state.errors import StateUnavailable
+from gateway.state.fallback import FailOpenLocal
+from gateway.state.memory import InMemoryStore
 from gateway.state.redis import RedisStore
 from gateway.state.totals import StoreTotals
 
@@ -280,13 +283,13 @@ async def test_unreachable_redis_fails_closed():
         await store.close()
 
 
+def fail_open_local(shared: RedisStore, local_share: float = 0.5) -> FailOpenLocal:
+    return FailOpenLocal(shared, InMemoryStore(Router(), random.Random(0)), local_share)
+
+
 async def test_unreachable_redis_fail_open_local_admits_a_local_share():
-    store = RedisStore(
-        f"redis://127.0.0.1:{closed_port()}/0",
-        ["most_free_blocks"],
-        replica_id="r",
-        on_failure="fail_open_local",
-        local_share=0.5,
+    store = fail_open_local(
+        RedisStore(f"redis://127.0.0.1:{closed_port()}/0", ["most_free_blocks"], replica_id="r")
     )
     try:
         a = spec("a", blocks=21, seqs=100)  # 20 blocks; locally 10
@@ -309,15 +312,15 @@ async def test_unreachable_redis_fail_open_local_admits_a_local_share():
 async def test_redis_lost_and_back(prefix, on_failure):
     proxy = TcpProxy()
     await proxy.start()
-    store = RedisStore(
+    shared = RedisStore(
         proxy.url,
         ["most_free_blocks"],
         replica_id="r",
         key_prefix=prefix,
-        on_failure=on_failure,
         lease_ttl_s=0.6,
         timeout_s=0.5,
     )
+    store = shared if on_failure == "fail_closed" else fail_open_local(shared)
     try:
         a = spec("a", blocks=21, seqs=100)
         before = await store.try_admit(ask(a, blocks=4))
@@ -343,9 +346,10 @@ async def test_redis_lost_and_back(prefix, on_failure):
                 continue
             # Settled: the outage's release sent, the local lease handed to Redis (so that
             # neither lands between the two reads around `after` below).
-            if not store._pending_release and not store._outage:
+            outage = store.outage if isinstance(store, FailOpenLocal) else frozenset()
+            if not shared.pending and not outage:
                 break
-            assert time.monotonic() < deadline, (store._pending_release, store._outage)
+            assert time.monotonic() < deadline, (shared.pending, outage)
             await asyncio.sleep(0.05)
         totals = await store.totals()
         after = await store.try_admit(ask(a, blocks=4))
@@ -359,11 +363,11 @@ async def test_redis_lost_and_back(prefix, on_failure):
             tenant_in_flight={"default": 2 if local else 1},
             tenant_blocks={"default": 8 if local else 4},
         )
-        adopted = local is None or local.id in store.held  # held in Redis from now on
+        adopted = local is None or local.id in shared.held  # held in Redis from now on
         while not adopted or (await store.totals()) != expected:
             assert time.monotonic() < deadline, (await store.totals(), store.held)
             await asyncio.sleep(0.05)
-            adopted = local is None or local.id in store.held
+            adopted = local is None or local.id in shared.held
         if local is not None:
             # Another replica counts it: with `after` (4) and it (4) held, 12 of 20 are free.
             other = RedisStore(

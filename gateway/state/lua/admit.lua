@@ -3,9 +3,9 @@
 --   9 max concurrency, 10 rpm, 11 tpm, 12 tenant max blocks ('' = no limit), 13 tokens,
 --   14 queued '1'/'0', 15 tie-break seed ('' = Redis TIME microseconds), 16 scorers (csv),
 --   17 the line's burst credit in blocks, 18 headroom (fraction, 0 = off), 19 the active
---   window s, 20 candidate count, then per candidate 10 values: name, capacity blocks at the ceiling,
---   max_num_seqs, reported blocks, reported seqs, healthy '1'/'0', need blocks, need seqs,
---   blocks and seqs this replica holds outside Redis (leases granted in an outage).
+--   window s, 20 candidate count, then per candidate 8 values: name, capacity blocks at the
+--   ceiling, max_num_seqs, reported blocks, reported seqs, healthy '1'/'0', need blocks,
+--   need seqs.
 --   Free capacity counts the larger of what the gateway reserved and what the engine
 --   reports in use (gateway/core/types.py EngineView).
 -- Reply: {'lease', engine, blocks, seqs, rpm level, tpm level, now} (levels after this
@@ -58,12 +58,11 @@ local count = tonumber(ARGV[20])
 local held = num(redis.call('HGET', K_TEN, 'k:' .. tenant))
 local engines, within, pool = {}, {}, 0
 for i = 0, count - 1 do
-  local base = 21 + i * 10
+  local base = 21 + i * 8
   local c = {
     name = ARGV[base], cap = tonumber(ARGV[base + 1]), max_seqs = tonumber(ARGV[base + 2]),
     rep_b = tonumber(ARGV[base + 3]), rep_s = tonumber(ARGV[base + 4]),
     healthy = ARGV[base + 5] == '1', b = tonumber(ARGV[base + 6]), s = tonumber(ARGV[base + 7]),
-    off_b = tonumber(ARGV[base + 8]), off_s = tonumber(ARGV[base + 9]),
   }
   engines[c.name] = true
   pool = pool + c.cap
@@ -90,7 +89,7 @@ if headroom > 0 then
   if others > 0 then
     local total = weight + others
     local need = 0
-    for i = 0, count - 1 do need = math.max(need, tonumber(ARGV[21 + i * 10 + 6])) end
+    for i = 0, count - 1 do need = math.max(need, tonumber(ARGV[21 + i * 8 + 6])) end
     local mine = average_at(activity(tenant), held, window)
     rule = {total = total, mine = mine}
     -- A queued entry this ask may pass: the ask stays within its share, and the entry
@@ -115,8 +114,8 @@ if blocked(key, engines, id, rule and rule.passable) then return refuse('queued_
 -- Routing (gateway/core/routing.py): filter, score, then a seeded choice among ties.
 local best, ties = nil, {}
 for _, c in ipairs(within) do
-  local res_b = num(redis.call('HGET', K_LOAD, 'b:' .. c.name)) + c.off_b
-  local res_s = num(redis.call('HGET', K_LOAD, 's:' .. c.name)) + c.off_s
+  local res_b = num(redis.call('HGET', K_LOAD, 'b:' .. c.name))
+  local res_s = num(redis.call('HGET', K_LOAD, 's:' .. c.name))
   local free = c.cap - math.max(res_b, c.rep_b)
   local running = math.max(res_s, c.rep_s)
   local room = true
