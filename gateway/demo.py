@@ -62,17 +62,26 @@ def demo_config(urls: list[str]) -> GatewayConfig:
                 {"name": "small", "url": urls[1], "max_num_seqs": 8},
             ],
             "models": [{"name": MODEL, "tokenizer": "hf:@tiny"}],
-            "queue": {"max_length": 64, "max_wait_s": 20},
-            "admission": {"kv_ceiling": 0.95},
         }
     )
 
 
-def banner(url: str, engines: list[str]) -> str:
+def banner(url: str, engines: list[str], cfg: GatewayConfig) -> str:
+    """What runs, in the figures `/admin/status` shows (from the same settings)."""
+    ceiling = cfg.admission.kv_ceiling
+    lines = []
+    for name, sim, engine_url in zip(("big", "small"), _sim_configs(), engines, strict=True):
+        usable = sim.num_gpu_blocks - 1  # vLLM keeps one null block
+        lines.append(
+            f"  {name:<5} {engine_url}  {sim.num_gpu_blocks} KV blocks of {sim.block_size} "
+            f"tokens ({usable} usable, {int(usable * ceiling)} admissible at kv_ceiling "
+            f"{ceiling:g}), {sim.max_num_seqs} seqs"
+        )
+    engines_text = "\n".join(lines)
     return f"""
-kv-gateway demo: the gateway is at {url}
-  in front of two simulated vLLM engines: big  {engines[0]}  (512 KV blocks of 16 tokens, 16 seqs)
-                                          small {engines[1]}  (160 KV blocks of 16 tokens, 8 seqs)
+kv-gateway demo: the gateway is at {url}, in front of two simulated vLLM engines:
+{engines_text}
+  queue: at most {cfg.queue.max_length} waiting, each for at most {cfg.queue.max_wait_s:g} s
 
 Try it:
   curl -s {url}/v1/chat/completions -H 'content-type: application/json' \\
@@ -88,8 +97,8 @@ Try it:
   PY
 
   curl -s {url}/admin/status      # engines, reserved KV blocks, queue
-  A burst beyond capacity is queued, then answered HTTP 429 with a Retry-After
-  (try 100 parallel requests with max_tokens 1500).
+  A burst beyond capacity is queued; what waits longer than the queue allows is answered
+  HTTP 429 with a Retry-After (try 100 parallel requests with max_tokens 1500).
 
 Ctrl-C stops everything.
 """
@@ -109,7 +118,7 @@ async def run_demo(host: str, port: int) -> None:
         url = await stack.enter_async_context(
             running_app(create_app(runtime), host=host, port=port)
         )
-        print(banner(url, engines), flush=True)
+        print(banner(url, engines, cfg), flush=True)
         await stop.wait()
         print("\nstopping: draining requests, then the engines ...", flush=True)
     print("stopped.", flush=True)

@@ -101,9 +101,11 @@ class RequestShape:
 
     `prompt_tokens` has one entry per prompt (a completions request may batch several);
     `max_output_tokens` is what the client asked for (chat: `max_completion_tokens`, else
-    `max_tokens`; completions: `max_tokens`), or None when it asked for nothing. Then the
-    engine's default applies: `default_output_tokens` (vLLM's completions default, 16)
-    clamped to what fits, or, when that is None too, up to `max_model_len − prompt`.
+    `max_tokens`; completions: the larger of `max_tokens` and `max_completion_tokens`, as
+    vLLM versions differ in which they read), or None when it asked for nothing. Then the
+    engine's default applies: `default_output_tokens` (vLLM's completions default, 16, when
+    `max_tokens` is left out) clamped to what fits, or, when that is None too (an explicit
+    `null`, or chat), up to `max_model_len − prompt`.
     """
 
     prompt_tokens: tuple[int, ...]
