@@ -77,6 +77,20 @@ class GatewayMetrics:
             ["engine"],
             registry=self.registry,
         )
+        self.engine_foreign_blocks = Gauge(
+            "kv_gateway_engine_foreign_blocks",
+            "KV blocks in use on the engine that are not the gateway's own (other clients, "
+            "other gateways), estimated at its last scrape.",
+            ["engine"],
+            registry=self.registry,
+        )
+        self.engine_foreign_seqs = Gauge(
+            "kv_gateway_engine_foreign_seqs",
+            "Sequences running or waiting on the engine that are not the gateway's own, "
+            "estimated at its last scrape.",
+            ["engine"],
+            registry=self.registry,
+        )
         self.state_up = Gauge(
             "kv_gateway_state_up",
             "1 while the state store answers (always, in-process); 0 while Redis cannot be "
@@ -126,6 +140,8 @@ class GatewayMetrics:
             self.capacity_blocks.labels(name).set(state.spec.capacity_blocks(kv_ceiling))
             self.engine_healthy.labels(name).set(1 if state.healthy else 0)
             self.engine_used_blocks.labels(name).set(state.used_blocks or 0)
+            self.engine_foreign_blocks.labels(name).set(state.foreign.blocks)
+            self.engine_foreign_seqs.labels(name).set(state.foreign.seqs)
         for model, lengths in output_lengths.items():
             predicted = lengths.predicted()
             if predicted is not None:

@@ -7,6 +7,7 @@ import os
 import random
 import socket
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass
 from urllib.parse import urlsplit, urlunsplit
 
@@ -14,6 +15,7 @@ from gateway.auth import Authenticator
 from gateway.config import ConfigError, GatewayConfig
 from gateway.core.retry import ReleaseRate
 from gateway.core.routing import Router
+from gateway.core.types import EngineLoad
 from gateway.engines.monitor import EngineMonitor
 from gateway.engines.pool import EnginePool
 from gateway.engines.setup import resolve_engines
@@ -23,6 +25,7 @@ from gateway.proxy import Upstream
 from gateway.scheduler import Scheduler
 from gateway.service import Service
 from gateway.state.base import StateStore
+from gateway.state.errors import StateUnavailable
 from gateway.state.fallback import FailOpenLocal
 from gateway.state.memory import InMemoryStore
 from gateway.state.redis import RedisStore
@@ -163,7 +166,13 @@ def _assemble(
         reservation=cfg.admission.reservation,
         prediction=cfg.admission.prediction.policy(),
     )
-    monitor = EngineMonitor(pool, upstream.client, cfg.health)
+    async def own_loads() -> Mapping[str, EngineLoad] | None:
+        try:
+            return await store.loads()
+        except StateUnavailable:
+            return None
+
+    monitor = EngineMonitor(pool, upstream.client, cfg.health, own_loads=own_loads)
     metrics = GatewayMetrics()
     exchanges = Exchanges(
         service=service, upstream=upstream, ejector=monitor, pool=pool, metrics=metrics

@@ -37,6 +37,7 @@ def footprint(
     """
     blocks = 0
     tokens = 0
+    prompt_blocks = 0
     for prompt in shape.prompt_tokens:
         budget = output_budget(
             prompt, shape.max_output_tokens, max_model_len, shape.default_output_tokens
@@ -44,7 +45,9 @@ def footprint(
         reserved = budget if output_cap is None else min(budget, output_cap)
         blocks += shape.n * ceil_div(prompt + reserved, block_size)
         tokens += shape.n * (prompt + budget)
-    return Footprint(blocks=blocks, seqs=shape.n * len(shape.prompt_tokens), tokens=tokens)
+        prompt_blocks += shape.n * ceil_div(prompt, block_size)
+    seqs = shape.n * len(shape.prompt_tokens)
+    return Footprint(blocks=blocks, seqs=seqs, tokens=tokens, prompt_blocks=prompt_blocks)
 
 
 def context_overflow(shape: RequestShape, max_model_len: int) -> str | None:

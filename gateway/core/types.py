@@ -55,44 +55,54 @@ class EngineSpec:
 
 @dataclass(frozen=True, slots=True)
 class EngineLoad:
-    """What the gateway has reserved on one engine right now."""
+    """What the gateway holds on one engine right now (its live leases, on every replica).
+
+    `prompt_blocks` is the part of `reserved_blocks` the leases' requests hold for sure once
+    the engine runs them: their prompts' blocks (× sequences). The gateway's estimate of its
+    own actual use on the engine, which the foreign-load estimate subtracts from what the
+    engine reports (`gateway/core/ledger.py`).
+    """
 
     reserved_blocks: int = 0
     reserved_seqs: int = 0
+    prompt_blocks: int = 0
 
 
 @dataclass(frozen=True, slots=True)
 class EngineView:
     """An engine as routing sees it at one instant.
 
-    `load` is what the gateway has reserved on it (on every replica); `reported_blocks` and
-    `reported_seqs` are what the engine itself last reported in use (`kv_cache_usage_perc` ×
-    usable blocks; running + waiting requests), 0 until it has been scraped.
+    Ledger first: `load` is what the gateway holds on it right now (its own leases, on every
+    replica), known without asking the engine, so blocks and sequence slots a request gives
+    back are free at once. `foreign_blocks` and `foreign_seqs` are the load that is *not* the
+    gateway's own — other clients, a restarted engine's leftovers — estimated at the engine's
+    last scrape (`gateway/core/ledger.py`), 0 until it has been scraped:
 
-    Free capacity counts whichever is larger: the engine cannot have less in use than the
-    gateway reserved (reservations are worst case), and anything it reports beyond that is
-    traffic that went around the gateway or requests in the engine's own queue:
+        free_blocks = floor(kv_ceiling × usable_blocks) − reserved_blocks − foreign_blocks
+        free_seqs   = max_num_seqs − reserved_seqs − foreign_seqs
 
-        free_blocks = floor(kv_ceiling × usable_blocks) − max(reserved_blocks, reported_blocks)
-        free_seqs   = max_num_seqs − max(reserved_seqs, reported_seqs)
+    Foreign use that hides inside the slack of the gateway's own worst-case reservations (a
+    request reserved for 1,000 output tokens that has produced 10) is indistinguishable from
+    the gateway's own in any scheme that reads only the engine's totals: it is counted as own.
     """
 
     spec: EngineSpec
     load: EngineLoad
     healthy: bool = True
-    reported_blocks: int = 0
-    reported_seqs: int = 0
+    foreign_blocks: int = 0
+    foreign_seqs: int = 0
 
     def free_blocks(self, kv_ceiling: float) -> int:
-        used = max(self.load.reserved_blocks, self.reported_blocks)
+        used = self.load.reserved_blocks + self.foreign_blocks
         return self.spec.capacity_blocks(kv_ceiling) - used
 
     def free_seqs(self) -> int:
-        return self.spec.max_num_seqs - max(self.load.reserved_seqs, self.reported_seqs)
+        return self.spec.max_num_seqs - self.running
 
     @property
     def running(self) -> int:
-        return max(self.load.reserved_seqs, self.reported_seqs)
+        """Sequences on the engine: the gateway's and the foreign ones."""
+        return self.load.reserved_seqs + self.foreign_seqs
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,11 +127,13 @@ class RequestShape:
 @dataclass(frozen=True, slots=True)
 class Footprint:
     """A request's claim on one engine: the blocks reserved for it (the worst case, or less
-    under a predicted reservation), its sequences, and its worst-case tokens."""
+    under a predicted reservation), its sequences, its worst-case tokens, and the blocks of
+    its prompts (× sequences) — what it holds for sure once running (0: not known)."""
 
     blocks: int
     seqs: int
     tokens: int
+    prompt_blocks: int = 0
 
 
 @dataclass(frozen=True, slots=True)

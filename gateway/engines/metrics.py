@@ -11,7 +11,10 @@ Contract:
   preemptions; KV usage is the block-weighted mean over ranks.
 - `vllm:cache_config_info` carries no `model_name` label: it describes the whole server, so
   every model on the page gets the same `CacheConfig`.
-- Anything that is not a page we can read raises `MetricsParseError`, never a parser error.
+- A gauge missing from the page (another vLLM version, another engine) is None, not an error:
+  the gateway then admits on its own ledger and configured figures. Anything that is not a
+  page we can read, or a value that is not a count or a fraction, raises `MetricsParseError`,
+  never a parser error.
 
 See docs/engines.md for the formulas and why.
 """
@@ -77,53 +80,77 @@ class CacheConfig:
 
 @dataclass(frozen=True)
 class RankMetrics:
-    """One data-parallel rank's gauges (`engine` label value) for one model."""
+    """One data-parallel rank's gauges (`engine` label value) for one model; None: the page
+    does not have that gauge."""
 
     engine: str
-    num_requests_running: int
-    num_requests_waiting: int
-    kv_cache_usage: float
-    num_preemptions_total: int
+    num_requests_running: int | None
+    num_requests_waiting: int | None
+    kv_cache_usage: float | None
+    num_preemptions_total: int | None
 
 
 @dataclass(frozen=True)
 class EngineMetrics:
-    """One model's live state on one vLLM server, aggregated over data-parallel ranks."""
+    """One model's live state on one vLLM server, aggregated over data-parallel ranks; a
+    figure some rank lacks is None."""
 
     model_name: str
-    num_requests_running: int
-    num_requests_waiting: int
-    kv_cache_usage: float
-    num_preemptions_total: int
+    num_requests_running: int | None
+    num_requests_waiting: int | None
+    kv_cache_usage: float | None
+    num_preemptions_total: int | None
     cache: CacheConfig | None
     ranks: tuple[RankMetrics, ...]
 
     @property
+    def missing(self) -> tuple[str, ...]:
+        """The gauges this page lacks for the model (empty: a complete page)."""
+        gone = []
+        if self.num_requests_running is None:
+            gone.append(RUNNING)
+        if self.num_requests_waiting is None:
+            gone.append(WAITING)
+        if self.kv_cache_usage is None:
+            gone.append(KV_USAGE)
+        if self.num_preemptions_total is None:
+            gone.append(PREEMPTIONS)
+        if self.cache is None:
+            gone.append(CACHE_CONFIG_INFO)
+        return tuple(gone)
+
+    @property
     def used_blocks(self) -> int | None:
-        """Blocks in use over all ranks (`used_blocks_from_usage`); None without cache config."""
+        """Blocks in use over all ranks (`used_blocks_from_usage`); None without cache config
+        or usage gauge."""
         if self.cache is None:
             return None
         per_rank = self.cache.num_gpu_blocks_per_rank
-        return sum(used_blocks_from_usage(r.kv_cache_usage, per_rank) for r in self.ranks)
+        usages = [r.kv_cache_usage for r in self.ranks]
+        if any(u is None for u in usages):
+            return None
+        return sum(used_blocks_from_usage(u, per_rank) for u in usages if u is not None)
 
     @property
     def free_blocks(self) -> int | None:
         """Blocks vLLM can still allocate over all ranks (unreferenced cached blocks are free)."""
-        if self.cache is None:
-            return None
         used = self.used_blocks
-        assert used is not None
+        if self.cache is None or used is None:
+            return None
         return max(0, self.cache.usable_blocks - used)
 
     @property
     def max_rank_free_blocks(self) -> int | None:
         """Free blocks of the emptiest rank: the most a single new request can get."""
-        if self.cache is None:
+        if self.cache is None or self.used_blocks is None:
             return None
         per_rank = self.cache.num_gpu_blocks_per_rank
         usable = self.cache.usable_blocks_per_rank
         return max(
-            (usable - used_blocks_from_usage(r.kv_cache_usage, per_rank) for r in self.ranks),
+            (
+                usable - used_blocks_from_usage(r.kv_cache_usage or 0.0, per_rank)
+                for r in self.ranks
+            ),
             default=0,
         )
 
@@ -192,9 +219,7 @@ def _engine_order(key: tuple[str, str]) -> tuple[str, int, str]:
 def _rank(model: str, engine: str, values: Mapping[str, float]) -> RankMetrics:
     where = f"model {model!r} engine {engine!r}"
     usage = values.get(KV_USAGE, values.get(KV_USAGE_LEGACY))
-    if usage is None:
-        raise MetricsParseError(f"{where}: neither {KV_USAGE} nor {KV_USAGE_LEGACY}")
-    if not 0.0 <= usage <= 1.0:  # also rejects NaN
+    if usage is not None and not 0.0 <= usage <= 1.0:  # also rejects NaN
         raise MetricsParseError(f"{where}: KV usage {usage} is not a fraction in 0..1")
     return RankMetrics(
         engine=engine,
@@ -205,10 +230,10 @@ def _rank(model: str, engine: str, values: Mapping[str, float]) -> RankMetrics:
     )
 
 
-def _count(values: Mapping[str, float], name: str, where: str) -> int:
+def _count(values: Mapping[str, float], name: str, where: str) -> int | None:
     value = values.get(name)
     if value is None:
-        raise MetricsParseError(f"{where}: missing {name}")
+        return None
     if not math.isfinite(value) or value < 0:
         raise MetricsParseError(f"{where}: {name} = {value} is not a count")
     return round(value)
@@ -220,16 +245,29 @@ def _aggregate(
     # Block-weighted mean of the ranks' usage, weights = each rank's usable blocks. vLLM exposes
     # only the summed num_gpu_blocks, so every rank is taken to have num_gpu_blocks / dp_size
     # blocks: the weights are equal and the weighted mean is the plain mean.
-    usage = sum(r.kv_cache_usage for r in ranks) / len(ranks)
+    usages = _all(r.kv_cache_usage for r in ranks)
     return EngineMetrics(
         model_name=model,
-        num_requests_running=sum(r.num_requests_running for r in ranks),
-        num_requests_waiting=sum(r.num_requests_waiting for r in ranks),
-        kv_cache_usage=usage,
-        num_preemptions_total=sum(r.num_preemptions_total for r in ranks),
+        num_requests_running=_total(r.num_requests_running for r in ranks),
+        num_requests_waiting=_total(r.num_requests_waiting for r in ranks),
+        kv_cache_usage=None if usages is None else sum(usages) / len(usages),
+        num_preemptions_total=_total(r.num_preemptions_total for r in ranks),
         cache=cache,
         ranks=ranks,
     )
+
+
+def _all(values: Iterable[float | None]) -> list[float] | None:
+    """The values, or None when any is missing."""
+    got = list(values)
+    if any(v is None for v in got):
+        return None
+    return [v for v in got if v is not None]
+
+
+def _total(values: Iterable[int | None]) -> int | None:
+    got = _all(values)
+    return None if got is None else round(sum(got))
 
 
 def _cache_config(samples: Iterable[Sample]) -> CacheConfig | None:

@@ -10,7 +10,11 @@ every request queued for it. An ejected engine is probed
 again after 1, 2, 4 … scrape intervals (at most `backoff_max_s`) and readmitted on the first
 success, after a fresh discovery — so an engine restarted with another KV size or context
 length is picked up without restarting the gateway. A healthy engine's scrape refreshes what
-it reports in use (blocks, running, waiting) and notices a change of its KV geometry.
+it reports in use (blocks, running, waiting), from which, with the gateway's own ledger read
+just before and after, the load that is not the gateway's own is estimated
+(`gateway/core/ledger.py`), and notices a change of its KV geometry. A page that lacks some
+of vLLM's gauges (another version, another engine) does not eject the engine: it is routed on
+the ledger and its configured figures, flagged at `/admin/status` (`missing`).
 Waiting requests look at the pool again at least every `scheduler.POLL_S`, so they see
 these changes.
 """
@@ -21,16 +25,24 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from typing import TypeVar
 
 import httpx
 
 from gateway.config import HealthConfig
+from gateway.core.ledger import Reported, foreign_load, own_during
+from gateway.core.types import EngineLoad
 from gateway.engines.discovery import DiscoveryError, discover
-from gateway.engines.metrics import MetricsParseError, parse_page
+from gateway.engines.metrics import MetricsPage, MetricsParseError, parse_page
 from gateway.engines.pool import EnginePool, EngineState
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+OwnLoads = Callable[[], Awaitable[Mapping[str, EngineLoad] | None]]
+"""The gateway's own load per engine from its ledger, None when the store cannot say."""
 
 
 def backoff_s(failures: int, interval_s: float, max_s: float) -> float:
@@ -45,11 +57,13 @@ class EngineMonitor:
         client: httpx.AsyncClient,
         cfg: HealthConfig,
         clock: Callable[[], float] = time.monotonic,
+        own_loads: OwnLoads | None = None,
     ) -> None:
         self.pool = pool
         self.client = client
         self.cfg = cfg
         self.clock = clock
+        self.own_loads = own_loads
         self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
@@ -91,7 +105,9 @@ class EngineMonitor:
                     raise DiscoveryError(url, f"/health answered {health.status_code}")
                 if not state.healthy:
                     await self._rediscover(state)
-                page = parse_page((await self.client.get(url + "/metrics")).text)
+                before = await self._own(name)
+                page = _page(await self.client.get(url + "/metrics"))
+                after = await self._own(name)
         except TimeoutError:
             now = self.clock()
             _note_new_work(state, now)
@@ -109,13 +125,13 @@ class EngineMonitor:
             if not state.healthy or state.suspect >= self.cfg.timeouts_to_eject:
                 self.eject(name, f"no answer within {self.cfg.timeout_s:g} s ({state.suspect}×)")
             return
-        except (httpx.HTTPError, DiscoveryError, MetricsParseError) as e:
+        except (httpx.HTTPError, DiscoveryError) as e:
             self.eject(name, f"{type(e).__name__}: {e}")
             return
         was_healthy = state.healthy
         state.suspect = 0
         state.new_work_at = self.clock()  # answering probes again: the grace starts afresh
-        if page.cache is not None:
+        if page is not None and page.cache is not None:
             geometry = {
                 "num_gpu_blocks": page.cache.num_gpu_blocks,
                 "block_size": page.cache.block_size,
@@ -127,15 +143,49 @@ class EngineMonitor:
                 "discovered:/metrics",
                 **{k: v for k, v in geometry.items() if k not in configured},
             )
-        models = [m for m in page.models.values() if m.model_name in state.spec.models]
-        state.running = sum(m.num_requests_running for m in models)
-        state.waiting = sum(m.num_requests_waiting for m in models)
-        state.used_blocks = max((m.used_blocks or 0 for m in models), default=0)
-        state.kv_cache_usage = max((m.kv_cache_usage for m in models), default=0.0)
-        state.preemptions = sum(m.num_preemptions_total for m in models)
+        models = (
+            []
+            if page is None
+            else [m for m in page.models.values() if m.model_name in state.spec.models]
+        )
+        reported = Reported(
+            running=_total(m.num_requests_running for m in models),
+            waiting=_total(m.num_requests_waiting for m in models),
+            used_blocks=max(_known(m.used_blocks for m in models), default=None),
+        )
+        state.running, state.waiting = reported.running, reported.waiting
+        state.used_blocks = reported.used_blocks
+        state.kv_cache_usage = max(_known(m.kv_cache_usage for m in models), default=None)
+        state.preemptions = _total(m.num_preemptions_total for m in models)
+        if page is None:
+            missing = ["/metrics"]
+        elif not models:
+            missing = ["vLLM's gauges for its models"]
+        else:
+            missing = sorted({g for m in models for g in m.missing})
+        if tuple(missing) != state.missing:
+            if missing:
+                log.warning(
+                    "engine %s: its /metrics lacks %s; routed on the gateway's own ledger "
+                    "and its configured figures",
+                    name,
+                    ", ".join(missing),
+                )
+            else:
+                log.info("engine %s: its /metrics is complete again", name)
+            state.missing = tuple(missing)
+        if before is not None and after is not None:
+            state.foreign = foreign_load(reported, own_during(before, after))
         state.last_scrape = self.clock()
         if not was_healthy:
             self.pool.mark_healthy(name)
+
+    async def _own(self, name: str) -> EngineLoad | None:
+        """The gateway's own load on the engine now; None when the ledger cannot be read."""
+        if self.own_loads is None:
+            return EngineLoad()
+        loads = await self.own_loads()
+        return None if loads is None else loads.get(name, EngineLoad())
 
     async def _rediscover(self, state: EngineState) -> None:
         found = await discover(self.client, state.spec.url)
@@ -146,6 +196,29 @@ class EngineMonitor:
             changes["models"] = frozenset(found.model_ids)
         if changes:
             self.pool.update_spec(state.spec.name, "rediscovered", **changes)
+
+
+def _page(response: httpx.Response) -> MetricsPage | None:
+    """The engine's `/metrics` page; None when it has none this module can read (the engine
+    stays routed: see the module docstring)."""
+    if response.status_code != 200:
+        return None
+    try:
+        return parse_page(response.text)
+    except MetricsParseError:
+        return None
+
+
+def _known(values: Iterable[T | None]) -> list[T]:
+    return [v for v in values if v is not None]
+
+
+def _total(values: Iterable[int | None]) -> int | None:
+    """The sum, or None when any value is missing (or there is none)."""
+    got = list(values)
+    if not got or any(v is None for v in got):
+        return None
+    return sum(v for v in got if v is not None)
 
 
 def _note_new_work(state: EngineState, now: float) -> None:

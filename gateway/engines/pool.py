@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from gateway.core.ledger import Foreign
 from gateway.core.types import EngineLoad, EngineSpec, EngineView
 
 log = logging.getLogger(__name__)
@@ -29,6 +30,10 @@ class EngineState:
     kv_cache_usage: float | None = None
     preemptions: int | None = None
     last_scrape: float | None = None
+    # The load that is not the gateway's own, estimated at the last scrape (core/ledger.py),
+    # and the figures the engine's page lacked then (empty: a complete page).
+    foreign: Foreign = field(default_factory=Foreign)
+    missing: tuple[str, ...] = ()
     # Health bookkeeping.
     failures: int = 0
     suspect: int = 0  # probes in a row that timed out while the engine was still routed to
@@ -42,10 +47,6 @@ class EngineState:
     starts: int = 0
     starts_seen: int = 0
     new_work_at: float = 0.0
-
-    @property
-    def reported_seqs(self) -> int:
-        return (self.running or 0) + (self.waiting or 0)
 
 
 class EnginePool:
@@ -80,8 +81,8 @@ class EnginePool:
             spec=e.spec,
             load=load,
             healthy=e.healthy,
-            reported_blocks=e.used_blocks or 0,
-            reported_seqs=e.reported_seqs,
+            foreign_blocks=e.foreign.blocks,
+            foreign_seqs=e.foreign.seqs,
         )
 
     def answer_started(self, name: str) -> None:
@@ -108,6 +109,7 @@ class EnginePool:
         e.next_probe_at = retry_at
         # Its figures are no longer known.
         e.used_blocks = e.running = e.waiting = None
+        e.foreign = Foreign()
 
     def mark_healthy(self, name: str) -> None:
         e = self._engines[name]

@@ -44,6 +44,7 @@ class Lease:
     tenant: str = "default"
     tokens: int = 0
     rates: RateLimitValues | None = field(default=None, compare=False)
+    prompt_blocks: int = 0  # of `blocks`: its prompts' (`Footprint.prompt_blocks`)
 
 
 @dataclass(frozen=True, slots=True)

@@ -175,6 +175,7 @@ class InMemoryStore:
             rates=tenants.rate_limit_values(charged, rpm=policy.rpm, tpm=policy.tpm, now=now)
             if limited
             else None,
+            prompt_blocks=chosen.need.prompt_blocks,
         )
         self._held[lease.id] = _Held(lease, policy)
         if self.headroom > 0:
@@ -185,7 +186,7 @@ class InMemoryStore:
                 now=now,
                 window=self._active_window_s,
             )
-        self._add(lease.engine, lease.blocks, lease.seqs)
+        self._add(lease.engine, lease.blocks, lease.seqs, lease.prompt_blocks)
         self._tenants[policy.name] = charged
         if self._line.serve(ask.lease_id) is not None:
             self._notify()  # the line moved: those behind may now go
@@ -198,7 +199,7 @@ class InMemoryStore:
         if held is None:
             return False
         got = held.lease
-        self._add(got.engine, -got.blocks, -got.seqs)
+        self._add(got.engine, -got.blocks, -got.seqs, -got.prompt_blocks)
         rpm, tpm, now = held.policy.rpm, held.policy.tpm, self._clock()
         usage = self._tenants.get(got.tenant, TenantUsage())
         self._observe_held(got.tenant, usage.blocks, now)
@@ -224,7 +225,7 @@ class InMemoryStore:
             return held.lease if held is not None else lease
         grown = replace(held.lease, blocks=held.lease.blocks + blocks)
         self._held[lease.id] = _Held(grown, held.policy)
-        self._add(grown.engine, blocks, 0)
+        self._add(grown.engine, blocks, 0, 0)
         policy = held.policy
         self._line.surcharge(policy.name, policy.priority, policy.weight, blocks)
         usage = self._tenants.get(grown.tenant, TenantUsage())
@@ -365,9 +366,13 @@ class InMemoryStore:
         self._changed.set()
         self._changed = asyncio.Event()
 
-    def _add(self, engine: str, blocks: int, seqs: int) -> None:
+    def _add(self, engine: str, blocks: int, seqs: int, prompt_blocks: int) -> None:
         load = self._loads.get(engine, EngineLoad())
-        new = EngineLoad(load.reserved_blocks + blocks, load.reserved_seqs + seqs)
+        new = EngineLoad(
+            load.reserved_blocks + blocks,
+            load.reserved_seqs + seqs,
+            load.prompt_blocks + prompt_blocks,
+        )
         if new == EngineLoad():
             self._loads.pop(engine, None)
         else:

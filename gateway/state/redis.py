@@ -158,6 +158,7 @@ class RedisStore:
             tenant=ask.tenant.name,
             tokens=ask.tokens,
             rates=_rates(ask.tenant, reply) if kind == "lease" else None,
+            prompt_blocks=int(reply[7] if kind == "lease" else reply[5]),
         )
         self._held[lease.id] = self._record(lease, ask.tenant)
         return lease
@@ -321,11 +322,12 @@ class RedisStore:
                 spec.name,
                 str(spec.capacity_blocks(ask.kv_ceiling)),
                 str(spec.max_num_seqs),
-                str(c.view.reported_blocks),
-                str(c.view.reported_seqs),
+                str(c.view.foreign_blocks),
+                str(c.view.foreign_seqs),
                 "1" if c.view.healthy else "0",
                 str(c.need.blocks),
                 str(c.need.seqs),
+                str(c.need.prompt_blocks),
             ]
         return args
 
@@ -353,6 +355,7 @@ class RedisStore:
             "e": lease.engine,
             "b": lease.blocks,
             "s": lease.seqs,
+            "pb": lease.prompt_blocks,
             "t": lease.tenant,
             "k": lease.tokens,
             "r": self.replica_id,
@@ -467,7 +470,10 @@ def _loads(raw: Sequence[Any]) -> dict[str, EngineLoad]:
     fields = _flat(raw)
     names = {k[2:] for k in fields}
     return {
-        name: EngineLoad(fields.get(f"b:{name}", 0), fields.get(f"s:{name}", 0)) for name in names
+        name: EngineLoad(
+            fields.get(f"b:{name}", 0), fields.get(f"s:{name}", 0), fields.get(f"p:{name}", 0)
+        )
+        for name in names
     }
 
 

@@ -10,8 +10,12 @@ def spec(name, blocks=101, seqs=8):
     return EngineSpec(name, f"http://{name}", frozenset({"m"}), blocks, 16, seqs, 2048)
 
 
-def cand(name, reserved=0, running=0, need=10, blocks=101, seqs=8, healthy=True, reported=0):
-    view = EngineView(spec(name, blocks, seqs), EngineLoad(reserved, running), healthy, reported)
+def cand(
+    name, reserved=0, running=0, need=10, blocks=101, seqs=8, healthy=True, foreign=0, fseqs=0
+):
+    view = EngineView(
+        spec(name, blocks, seqs), EngineLoad(reserved, running), healthy, foreign, fseqs
+    )
     return Candidate(view, Footprint(blocks=need, seqs=1, tokens=need * 16))
 
 
@@ -37,9 +41,12 @@ def test_tie_broken_by_fewer_running_then_chooser():
         (cand("a", reserved=91, need=10), False),
         (cand("a", running=8), False),  # max_num_seqs reached
         (cand("a", healthy=False), False),
-        (cand("a", reported=95, need=10), False),  # traffic around the gateway counts
-        (cand("a", reserved=90, reported=50, need=10), True),  # reported < reserved: reserved
-        (cand("a", reserved=50, reported=91, need=10), False),  # reported > reserved: reported
+        (cand("a", foreign=91, need=10), False),  # traffic around the gateway counts
+        (cand("a", foreign=90, need=10), True),
+        (cand("a", reserved=50, foreign=40, need=10), True),  # ledger + foreign, exactly full
+        (cand("a", reserved=50, foreign=41, need=10), False),  # both count: never their max
+        (cand("a", running=6, fseqs=1), True),  # 7 of 8 slots taken, one left
+        (cand("a", running=6, fseqs=2), False),  # foreign sequences take slots too
     ],
 )
 def test_fits(candidate, ok):

@@ -256,7 +256,6 @@ GAUGES = (
         GAUGES.format(running="1.0", usage="NaN"),
         GAUGES.format(running="-1.0", usage="0.1"),
         GAUGES.format(running="+Inf", usage="0.1"),
-        'vllm:num_requests_running{engine="0",model_name="m"} 1.0\n',  # no usage, no waiting
         GAUGES.format(running="1.0", usage="0.1")
         + 'vllm:cache_config_info{block_size="abc",num_gpu_blocks="6"} 1.0\n',
         GAUGES.format(running="1.0", usage="0.1")
@@ -271,10 +270,19 @@ def test_garbage_raises_metrics_parse_error(page: str) -> None:
         parse_page(page)
 
 
-def test_error_names_what_is_missing() -> None:
+def test_a_partial_page_names_what_it_lacks() -> None:
+    # Another vLLM version or another engine: what is there is read, the rest is None.
     page = 'vllm:num_requests_running{engine="0",model_name="m"} 1.0\n'
-    with pytest.raises(MetricsParseError, match=r"model 'm' engine '0'.*kv_cache_usage_perc"):
-        parse_metrics(page)
+    m = parse_metrics(page)["m"]
+    assert m.num_requests_running == 1
+    assert m.num_requests_waiting is None and m.kv_cache_usage is None
+    assert m.num_preemptions_total is None and m.used_blocks is None
+    assert m.missing == (
+        "vllm:num_requests_waiting",
+        "vllm:kv_cache_usage_perc",
+        "vllm:num_preemptions_total",
+        "vllm:cache_config_info",
+    )
 
 
 @given(st.text())

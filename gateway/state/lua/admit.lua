@@ -3,14 +3,14 @@
 --   9 max concurrency, 10 rpm, 11 tpm, 12 tenant max blocks ('' = no limit), 13 tokens,
 --   14 queued '1'/'0', 15 tie-break seed ('' = Redis TIME microseconds), 16 scorers (csv),
 --   17 the line's burst credit in blocks, 18 headroom (fraction, 0 = off), 19 the active
---   window s, 20 candidate count, then per candidate 8 values: name, capacity blocks at the
---   ceiling, max_num_seqs, reported blocks, reported seqs, healthy '1'/'0', need blocks,
---   need seqs.
---   Free capacity counts the larger of what the gateway reserved and what the engine
---   reports in use (gateway/core/types.py EngineView).
--- Reply: {'lease', engine, blocks, seqs, rpm level, tpm level, now} (levels after this
---        request, '' without that limit) | {'refused', code, retry_after_s or ''}
---        | {'exists', engine, blocks, seqs, replica}
+--   window s, 20 candidate count, then per candidate 9 values: name, capacity blocks at the
+--   ceiling, max_num_seqs, foreign blocks, foreign seqs, healthy '1'/'0', need blocks,
+--   need seqs, need prompt blocks.
+--   Free capacity is what the ledger leaves after the foreign load
+--   (gateway/core/types.py EngineView): capacity − reserved − foreign.
+-- Reply: {'lease', engine, blocks, seqs, rpm level, tpm level, now, prompt blocks} (levels
+--        after this request, '' without that limit) | {'refused', code, retry_after_s or ''}
+--        | {'exists', engine, blocks, seqs, replica, prompt blocks}
 local id, replica, lease_ttl = ARGV[3], ARGV[4], tonumber(ARGV[5])
 local tenant, prio, weight = ARGV[6], tonumber(ARGV[7]), tonumber(ARGV[8])
 local max_conc, rpm, tpm = opt(ARGV[9]), opt(ARGV[10]), opt(ARGV[11])
@@ -25,7 +25,7 @@ expire_queue()
 local existing = redis.call('HGET', K_LEASES, id)
 if existing then
   local l = cjson.decode(existing)
-  return finish({'exists', l.e, l.b, l.s, l.r})
+  return finish({'exists', l.e, l.b, l.s, l.r, l.pb or 0})
 end
 
 local function refuse(code, retry)
@@ -58,11 +58,12 @@ local count = tonumber(ARGV[20])
 local held = num(redis.call('HGET', K_TEN, 'k:' .. tenant))
 local engines, within, pool = {}, {}, 0
 for i = 0, count - 1 do
-  local base = 21 + i * 8
+  local base = 21 + i * 9
   local c = {
     name = ARGV[base], cap = tonumber(ARGV[base + 1]), max_seqs = tonumber(ARGV[base + 2]),
-    rep_b = tonumber(ARGV[base + 3]), rep_s = tonumber(ARGV[base + 4]),
+    for_b = tonumber(ARGV[base + 3]), for_s = tonumber(ARGV[base + 4]),
     healthy = ARGV[base + 5] == '1', b = tonumber(ARGV[base + 6]), s = tonumber(ARGV[base + 7]),
+    pb = tonumber(ARGV[base + 8]),
   }
   engines[c.name] = true
   pool = pool + c.cap
@@ -89,7 +90,7 @@ if headroom > 0 then
   if others > 0 then
     local total = weight + others
     local need = 0
-    for i = 0, count - 1 do need = math.max(need, tonumber(ARGV[21 + i * 8 + 6])) end
+    for i = 0, count - 1 do need = math.max(need, tonumber(ARGV[21 + i * 9 + 6])) end
     local mine = average_at(activity(tenant), held, window)
     rule = {total = total, mine = mine}
     -- A queued entry this ask may pass: the ask stays within its share, and the entry
@@ -116,8 +117,8 @@ local best, ties = nil, {}
 for _, c in ipairs(within) do
   local res_b = num(redis.call('HGET', K_LOAD, 'b:' .. c.name))
   local res_s = num(redis.call('HGET', K_LOAD, 's:' .. c.name))
-  local free = c.cap - math.max(res_b, c.rep_b)
-  local running = math.max(res_s, c.rep_s)
+  local free = c.cap - res_b - c.for_b
+  local running = res_s + c.for_s
   local room = true
   if rule and over_share(held, c.b, rule.mine, weight, rule.total, pool) then
     room = free - c.b >= headroom * c.cap
@@ -156,12 +157,13 @@ local chosen = ties[(seed % #ties) + 1]
 
 -- The lease, the counters, the charges.
 redis.call('HSET', K_LEASES, id, cjson.encode({
-  e = chosen.name, b = chosen.b, s = chosen.s, t = tenant, k = tokens, r = replica,
+  e = chosen.name, b = chosen.b, s = chosen.s, pb = chosen.pb, t = tenant, k = tokens, r = replica,
   rpm = rpm, tpm = tpm, p = prio, w = weight,
 }))
 redis.call('ZADD', K_LEXP, NOW + lease_ttl, id)
 add(K_LOAD, 'b:' .. chosen.name, chosen.b)
 add(K_LOAD, 's:' .. chosen.name, chosen.s)
+add(K_LOAD, 'p:' .. chosen.name, chosen.pb)
 if headroom > 0 then observe(tenant, weight, held, window) end
 add(K_TEN, 'n:' .. tenant, 1)
 add(K_TEN, 'k:' .. tenant, chosen.b)
@@ -173,4 +175,5 @@ else
   charge(tenant, prio, weight, chosen.b, burst)
 end
 return finish({'lease', chosen.name, chosen.b, chosen.s,
-  rpm and fmt(rpm_level - 1) or '', tpm and fmt(tpm_level - tokens) or '', fmt(NOW)})
+  rpm and fmt(rpm_level - 1) or '', tpm and fmt(tpm_level - tokens) or '', fmt(NOW),
+  chosen.pb})

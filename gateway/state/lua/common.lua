@@ -1,10 +1,11 @@
 -- Shared by every script of the Redis state store (prepended to each script body).
 --
 -- KEYS (one hash tag, so one Cluster slot):
---   1 leases  HASH  lease id -> json {e engine, b blocks, s seqs, t tenant, k tokens,
---                   r replica, rpm, tpm, p priority, w weight}
+--   1 leases  HASH  lease id -> json {e engine, b blocks, s seqs, pb prompt blocks, t tenant,
+--                   k tokens, r replica, rpm, tpm, p priority, w weight}
 --   2 lexp    ZSET  lease id -> expiry (Redis time, s)
---   3 load    HASH  "b:<engine>" / "s:<engine>" -> reserved blocks / sequences
+--   3 load    HASH  "b:<engine>" / "s:<engine>" / "p:<engine>" -> reserved blocks / sequences
+--                   / the prompt blocks among the reserved blocks
 --   4 ten     HASH  "n:<tenant>" / "k:<tenant>" -> requests in flight / blocks held
 --   5 rate    HASH  "<tenant>:rl" "<tenant>:rs" (requests level, stamp), ":tl" ":ts" (tokens)
 --   6 q       ZSET  score 0, member "<prio10>:<start24>:<seq16>:<id>": the line, in order
@@ -126,6 +127,7 @@ local function drop_lease(id, used)
   observe(l.t, nil, num(redis.call('HGET', K_TEN, 'k:' .. l.t)), nil)
   add(K_LOAD, 'b:' .. l.e, -l.b)
   add(K_LOAD, 's:' .. l.e, -l.s)
+  add(K_LOAD, 'p:' .. l.e, -(l.pb or 0))
   add(K_TEN, 'n:' .. l.t, -1)
   add(K_TEN, 'k:' .. l.t, -l.b)
   if used ~= nil and present(l.tpm) and used ~= l.k then

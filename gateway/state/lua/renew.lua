@@ -15,6 +15,7 @@ for i = 4, #ARGV - 1, 2 do
     redis.call('ZADD', K_LEXP, NOW + ttl, id)
     add(K_LOAD, 'b:' .. l.e, l.b)
     add(K_LOAD, 's:' .. l.e, l.s)
+    add(K_LOAD, 'p:' .. l.e, l.pb or 0)
     add(K_TEN, 'n:' .. l.t, 1)
     add(K_TEN, 'k:' .. l.t, l.b)
     restored[#restored + 1] = id
