@@ -166,6 +166,7 @@ def _assemble(
         reservation=cfg.admission.reservation,
         prediction=cfg.admission.prediction.policy(),
     )
+
     async def own_loads() -> Mapping[str, EngineLoad] | None:
         try:
             return await store.loads()

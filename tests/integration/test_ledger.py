@@ -105,9 +105,7 @@ async def test_an_engine_without_preemption_metrics_stays_routed_and_is_flagged(
 
         await wait_until(flagged, 10, "the missing metric was never flagged")
         status = await engine_status(gw)
-        assert status["healthy"] and status["reported"]["missing"] == [
-            "vllm:num_preemptions_total"
-        ]
+        assert status["healthy"] and status["reported"]["missing"] == ["vllm:num_preemptions_total"]
         async with httpx.AsyncClient(timeout=30) as http:
             reply = await http.post(gw.url + "/v1/completions", json=body(4))
         assert reply.status_code == 200
