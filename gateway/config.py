@@ -115,6 +115,10 @@ class AdmissionConfig(_Strict):
     # preemption risk). See gateway/core/reservation.py.
     reservation: Literal["worst_case", "predicted"] = "worst_case"
     prediction: PredictionConfig = PredictionConfig()
+    # A max_tokens longer than the context leaves after the prompt: `clamp` reserves (and
+    # vLLM 0.32 generates) what fits; `refuse` answers 400 as most vLLM versions and OpenAI.
+    # A max_tokens larger than the whole context is refused either way.
+    over_length: Literal["refuse", "clamp"] = "clamp"
     # Retry-After when no release has been observed yet to estimate a drain rate from.
     retry_fallback_s: float = Field(default=2.0, gt=0)
     # Window over which the release rate (blocks per second) is measured.

@@ -165,6 +165,7 @@ def _assemble(
         kv_ceiling=cfg.admission.kv_ceiling,
         reservation=cfg.admission.reservation,
         prediction=cfg.admission.prediction.policy(),
+        clamp=cfg.admission.over_length == "clamp",
     )
 
     async def own_loads() -> Mapping[str, EngineLoad] | None:

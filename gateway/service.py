@@ -50,12 +50,14 @@ class Service:
         kv_ceiling: float,
         reservation: Literal["worst_case", "predicted"] = "worst_case",
         prediction: PredictionPolicy | None = None,
+        clamp: bool = True,
     ) -> None:
         self.pool = pool
         self.scheduler = scheduler
         self.counters = counters
         self.kv_ceiling = kv_ceiling
         self.reservation = reservation
+        self.clamp = clamp  # admission.over_length: clamp
         # Output lengths per model, and per (model, tenant): tenants of one model may answer
         # very differently (summaries, classifications). Learned in both modes (the metrics
         # show what `predicted` would reserve); only `predicted` reserves by them.
@@ -83,7 +85,7 @@ class Service:
         if shape is None:
             shape = await self.shape(inbound)
         cap = self.output_cap(inbound.model, tenant.name)
-        placement = place(shape, engines, self.kv_ceiling, cap)
+        placement = place(shape, engines, self.kv_ceiling, cap, clamp=self.clamp)
         if isinstance(placement, NeverFits):
             raise ContextOverflow(placement.message, param=placement.param)
         ask = Ask(
@@ -122,7 +124,11 @@ class Service:
             prompt_tokens=prompt,
             generated=generated // lease.seqs,
             budget=output_budget(
-                prompt, shape.max_output_tokens, spec.max_model_len, shape.default_output_tokens
+                prompt,
+                shape.max_output_tokens,
+                spec.max_model_len,
+                shape.default_output_tokens,
+                clamp=self.clamp,
             ),
             block_size=spec.block_size,
         )

@@ -34,17 +34,21 @@ def place(
     engines: Sequence[EngineSpec],
     kv_ceiling: float,
     output_cap: int | None = None,
+    *,
+    clamp: bool = False,
 ) -> Placement | NeverFits:
     """Footprints on the engines where `shape` could run. Whether it could ever run is
-    judged on its worst case; the blocks it reserves there are capped by `output_cap`."""
+    judged on its worst case; the blocks it reserves there are capped by `output_cap`.
+    `clamp`: output beyond an engine's context is cut to fit (`admission.over_length`), per
+    engine, as engines may differ in `max_model_len`."""
     needs: dict[str, Footprint] = {}
     reasons: list[NeverFits] = []
     for spec in engines:
-        overflow = context_overflow(shape, spec.max_model_len)
+        overflow = context_overflow(shape, spec.max_model_len, clamp=clamp)
         if overflow is not None:
             reasons.append(NeverFits(overflow, param="max_tokens"))
             continue
-        need = footprint(shape, spec.block_size, spec.max_model_len)
+        need = footprint(shape, spec.block_size, spec.max_model_len, clamp=clamp)
         # vLLM runs a request on one data-parallel rank: it must fit one rank's pool.
         capacity = spec.rank_capacity_blocks(kv_ceiling)
         if need.blocks > capacity:
@@ -75,7 +79,7 @@ def place(
             )
             continue
         if output_cap is not None:
-            need = footprint(shape, spec.block_size, spec.max_model_len, output_cap)
+            need = footprint(shape, spec.block_size, spec.max_model_len, output_cap, clamp=clamp)
         needs[spec.name] = need
     if needs:
         return Placement(needs)

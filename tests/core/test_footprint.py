@@ -68,3 +68,17 @@ def test_an_engine_default_is_clamped_to_the_context(prompt, max_len, budget):
     # What the client asked for explicitly wins over any default.
     assert output_budget(prompt, 5, max_len, default=16) == 5
     assert output_budget(prompt, None, max_len) == max_len - prompt
+
+
+def test_over_long_max_tokens_is_clamped_to_what_fits_or_refused() -> None:
+    over = RequestShape((3500,), 1000, 1)  # 3,500 + 1,000 > 4,096
+    assert context_overflow(over, 4096, clamp=True) is None
+    assert output_budget(3500, 1000, 4096, clamp=True) == 596
+    assert footprint(over, 16, 4096, clamp=True).blocks == 256  # ceil(4,096 / 16)
+    assert footprint(over, 16, 4096).blocks == ceil_div(4500, 16)  # refuse mode reserves all
+    # vLLM 0.32 refuses a max_tokens beyond the whole context, clamp or not.
+    huge = RequestShape((10,), 5000, 1)
+    assert "too large: 5000" in (context_overflow(huge, 4096, clamp=True) or "")
+    assert context_overflow(huge, 4096) is not None
+    # A prompt that leaves no room is refused in both modes.
+    assert context_overflow(RequestShape((4096,), 1, 1), 4096, clamp=True) is not None
