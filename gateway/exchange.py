@@ -29,6 +29,12 @@ client.
   unknown (a client gone before a whole answer arrived, a timeout) the whole charge is kept:
   the engine may have generated all of it, and refunding it would let a tenant pass its TPM
   by giving up on each request.
+- **The engine's own refusals.** vLLM can refuse at its front door (`--max-num-queued-reqs`,
+  `--max-num-queued-tokens`: 503). That means "this engine is full now", not "the request
+  failed": the lease is given back (nothing was generated), the engine is not routed to for a
+  moment (`ENGINE_FULL_HOLD_S`, or until one of the gateway's requests on it ends), and the
+  request is admitted again — on another engine, or after waiting in the line. Only after
+  `MAX_ENGINE_REFUSALS` in a row does the client get a 429 (`engine_full`), never the 503.
 - **Learning.** Only a whole 200 answer that reached the client teaches the output length.
 - **Release.** Exactly once, in `settle`, shielded from a second cancellation.
 """
@@ -42,10 +48,11 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Protocol
 
+from gateway.core.retry import RetryAdvice
 from gateway.core.tenants import RateLimitValues
 from gateway.core.types import DEFAULT_TENANT, EngineSpec, TenantPolicy
 from gateway.engines.pool import EnginePool
-from gateway.errors import GatewayError, ModelNotFound, UpstreamUnavailable
+from gateway.errors import GatewayError, ModelNotFound, RateLimited, UpstreamUnavailable
 from gateway.metrics import GatewayMetrics
 from gateway.request import Inbound, Kind
 from gateway.service import Admitted, Service
@@ -60,6 +67,11 @@ UNKNOWN_MODEL = "unknown"
 otherwise become a metric label forever)."""
 PASS_BACK = (b"content-type", b"content-length", b"content-encoding", b"cache-control")
 """Response headers passed from the engine to the client."""
+ENGINE_FULL_HOLD_S = 0.5
+"""How long an engine that refused at its front door is passed over (unless a request of
+the gateway's on it ends first)."""
+MAX_ENGINE_REFUSALS = 8
+"""Front-door refusals one request takes before its client gets a 429."""
 
 
 class UpstreamAnswer(Protocol):
@@ -166,6 +178,11 @@ class Exchange:
         desk.metrics.admission_wait.labels(self.model).observe(desk.clock() - self.arrived)
         self.lease = admitted.lease
         admitted, response = await self._send_with_failover(admitted, body)
+        refusals = 0
+        while response.status_code == 503:  # the engine's front door: full now
+            refusals += 1
+            admitted = await self._again_after_refusal(admitted, response, refusals)
+            admitted, response = await self._send_with_failover(admitted, body)
         self._admitted, self._response = admitted, response
         self._meter = UsageMeter(streaming=self.streaming, prompt_tokens=admitted.prompt_tokens)
         status = response.status_code
@@ -270,6 +287,32 @@ class Exchange:
             except UpstreamUnavailable:
                 self._nothing_generated = True  # never reached the second engine either
                 raise
+
+    async def _again_after_refusal(
+        self, admitted: Admitted, response: UpstreamAnswer, refusals: int
+    ) -> Admitted:
+        """Give back the lease of a request the engine refused at its front door, pass the
+        engine over for a moment, and admit the request again (elsewhere, or after waiting)."""
+        desk, name = self._desk, admitted.engine.name
+        text = (await response.read()).decode(errors="replace")[:300]
+        await response.aclose()
+        log.info("request %s: engine %s is full (503: %s)", self.request_id, name, text)
+        desk.metrics.engine_refusals.labels(name).inc()
+        lease, self.lease = self.lease, None
+        assert lease is not None and self._inbound is not None
+        await asyncio.shield(desk.service.release(lease, 0))  # nothing was generated
+        desk.pool.refused(name, ENGINE_FULL_HOLD_S)  # after its own release, which would clear it
+        if refusals >= MAX_ENGINE_REFUSALS:
+            self._nothing_generated = True
+            raise RateLimited(
+                f"The engines serving `{self.model}` refused this request {refusals} times in "
+                "a row: their own queues are full.",
+                code="engine_full",
+                retry=RetryAdvice(ENGINE_FULL_HOLD_S * refusals),
+            )
+        again = await desk.service.admit(self._inbound, self.tenant, shape=admitted.shape)
+        self.lease = again.lease
+        return again
 
     async def _send(self, engine: EngineSpec, body: bytes) -> UpstreamAnswer:
         headers = {

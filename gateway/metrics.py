@@ -91,6 +91,13 @@ class GatewayMetrics:
             ["engine"],
             registry=self.registry,
         )
+        self.engine_refusals = Counter(
+            "kv_gateway_engine_refusals",
+            "Requests an engine refused at its own front door (vLLM's --max-num-queued-reqs or "
+            "--max-num-queued-tokens: 503); each was admitted again, not failed.",
+            ["engine"],
+            registry=self.registry,
+        )
         self.state_up = Gauge(
             "kv_gateway_state_up",
             "1 while the state store answers (always, in-process); 0 while Redis cannot be "

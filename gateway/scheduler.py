@@ -139,6 +139,7 @@ class Scheduler:
 
     async def release(self, lease: Lease, used_tokens: int | None = None) -> None:
         """Give a lease back (idempotent); waiters anywhere are told by the store."""
+        self.pool.ended(lease.engine)
         if await self.store.release(lease, used_tokens):
             self.rate.record(self.clock(), lease.blocks)
 

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -47,12 +48,20 @@ class EngineState:
     starts: int = 0
     starts_seen: int = 0
     new_work_at: float = 0.0
+    # The engine refused a request at its own front door (vLLM's --max-num-queued-reqs or
+    # --max-num-queued-tokens: 503): "full now". Not routed to until then, or until one of
+    # the gateway's requests on it ends.
+    full_until: float = 0.0
 
 
 class EnginePool:
     def __init__(
-        self, specs: list[EngineSpec], sources: dict[str, dict[str, str]] | None = None
+        self,
+        specs: list[EngineSpec],
+        sources: dict[str, dict[str, str]] | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        self.clock = clock
         self._engines: dict[str, EngineState] = {
             s.name: EngineState(spec=s, sources=dict((sources or {}).get(s.name, {})))
             for s in specs
@@ -80,7 +89,7 @@ class EnginePool:
         return EngineView(
             spec=e.spec,
             load=load,
-            healthy=e.healthy,
+            healthy=e.healthy and self.clock() >= e.full_until,
             foreign_blocks=e.foreign.blocks,
             foreign_seqs=e.foreign.seqs,
         )
@@ -97,6 +106,19 @@ class EnginePool:
         e = self._engines.get(name)
         if e is not None:
             e.progress += 1
+
+    def refused(self, name: str, hold_s: float) -> None:
+        """The engine answered "full" at its front door: not routed to for `hold_s`, or until
+        one of the gateway's requests on it ends (`ended`)."""
+        e = self._engines.get(name)
+        if e is not None:
+            e.full_until = self.clock() + hold_s
+
+    def ended(self, name: str) -> None:
+        """One of the gateway's requests on the engine ended: its front door has room again."""
+        e = self._engines.get(name)
+        if e is not None:
+            e.full_until = 0.0
 
     def mark_unhealthy(self, name: str, reason: str, *, retry_at: float) -> None:
         e = self._engines[name]

@@ -21,8 +21,8 @@ from gateway.core.routing import Router
 from gateway.core.types import EngineSpec, TenantPolicy
 from gateway.engines.monitor import EngineMonitor
 from gateway.engines.pool import EnginePool
-from gateway.errors import GatewayError, UpstreamUnavailable
-from gateway.exchange import Exchange, Exchanges, tokens_used
+from gateway.errors import GatewayError, RateLimited, UpstreamUnavailable
+from gateway.exchange import MAX_ENGINE_REFUSALS, Exchange, Exchanges, tokens_used
 from gateway.metrics import GatewayMetrics
 from gateway.request import parse_body
 from gateway.scheduler import Scheduler
@@ -273,3 +273,28 @@ async def test_rate_limits_are_left_out_when_the_store_cannot_say() -> None:
     exchange = d.exchanges.start("completion", "req-1")
     exchange.tenant = TENANT
     assert await exchange.rate_limits() is None
+
+
+async def test_an_engine_full_at_its_front_door_is_passed_over_not_failed() -> None:
+    full = [b'{"error": {"message": "busy", "type": "Service Unavailable", "code": 503}}']
+    answer = whole({"total_tokens": 12, "completion_tokens": 2})
+    d = desk({"http://a": Scripted(status=503, body=full), "http://b": Scripted(body=answer)})
+    exchange = d.exchanges.start("completion", "req-1")
+    assert await run(exchange, body()) == answer
+    assert [url for url, _, _ in d.engines.sent] == ["http://a", "http://b"]
+    state_a = d.pool.get("a")
+    assert state_a is not None and state_a.healthy  # full, not broken
+    assert await d.remaining_tokens() == TPM - 12  # charged once
+    await assert_nothing_held(d)
+
+
+async def test_refused_everywhere_again_and_again_is_a_429_not_a_503() -> None:
+    full = [b'{"error": {"message": "busy", "type": "Service Unavailable", "code": 503}}']
+    d = desk({url: Scripted(status=503, body=full) for url in ("http://a", "http://b")})
+    exchange = d.exchanges.start("completion", "req-1")
+    with pytest.raises(RateLimited) as refused:
+        await run(exchange, body())
+    assert refused.value.code == "engine_full"
+    assert len(d.engines.sent) == MAX_ENGINE_REFUSALS
+    assert await d.remaining_tokens() == TPM
+    await assert_nothing_held(d)
