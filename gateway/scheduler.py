@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from gateway.core.retry import ReleaseRate, RetryAdvice, advise_retry
+from gateway.core.retry import ReleaseRate, RetryAdvice, RetryForecast, Room
 from gateway.core.routing import Candidate
 from gateway.core.types import DEFAULT_TENANT, EngineLoad, Footprint, TenantPolicy
 from gateway.engines.pool import EnginePool
@@ -59,6 +59,10 @@ class Ask:
         """For estimates: the smallest footprint among its engines."""
         return min(f.blocks for f in self.needs.values())
 
+    @property
+    def seqs(self) -> int:
+        return min(f.seqs for f in self.needs.values())
+
 
 class Scheduler:
     def __init__(
@@ -80,6 +84,7 @@ class Scheduler:
         self.max_wait_s = max_wait_s
         self.retry_fallback_s = retry_fallback_s
         self.rate = rate
+        self.forecast = RetryForecast(rate, retry_fallback_s)
         self.clock = clock
 
     async def admit(self, ask: Ask) -> Lease:
@@ -105,7 +110,7 @@ class Scheduler:
                     f"{who} queue is full; no engine has room for this request's "
                     f"{ask.blocks} KV blocks now.",
                     code="queue_full",
-                    retry=await self._advice(ask),
+                    retry=await self._advice(ask, queued=False),
                 )
             deadline = self.clock() + self.max_wait_s
             while True:
@@ -121,7 +126,7 @@ class Scheduler:
                         f"No engine had room for this request's {ask.blocks} KV blocks within "
                         f"{self.max_wait_s:g} s of waiting.",
                         code="queue_timeout",
-                        retry=await self._advice(ask),
+                        retry=await self._advice(ask, queued=True),
                     )
                 await self.store.wait_for_change(min(remaining, POLL_S))
         except asyncio.CancelledError:
@@ -141,7 +146,7 @@ class Scheduler:
         """Give a lease back (idempotent); waiters anywhere are told by the store."""
         self.pool.ended(lease.engine)
         if await self.store.release(lease, used_tokens):
-            self.rate.record(self.clock(), lease.blocks)
+            self.rate.record(self.clock(), lease.blocks, lease.seqs)
 
     def _require_healthy(self, ask: Ask) -> None:
         states = [self.pool.get(name) for name in ask.engines]
@@ -189,16 +194,27 @@ class Scheduler:
                 f"per minute; lower max_tokens."
             )
             seconds = 60.0
-        retry = RetryAdvice(seconds) if seconds is not None else await self._advice(ask)
+        if seconds is None:  # concurrency, KV share: when enough of the engines' work ends
+            retry = await self._advice(ask, queued=False, promise=False)
+        else:
+            retry = RetryAdvice(seconds)
         raise RateLimited(message, code=refusal.code, retry=retry)
 
-    async def _advice(self, ask: Ask) -> RetryAdvice:
+    async def _advice(self, ask: Ask, *, queued: bool, promise: bool = True) -> RetryAdvice:
+        """When to come back (core/retry.py): behind the whole line as it stands (a retry
+        joins at its end) and the retries advised before, at the observed release rate."""
         loads = await self.store.loads()
-        free = 0
+        free_seqs = free_blocks = 0
         for name in ask.engines:
             if self.pool.get(name) is not None:
                 view = self.pool.view(name, loads.get(name, EngineLoad()))
-                free += max(0, view.free_blocks(self.kv_ceiling))
-        ahead = await self.store.blocks_ahead(ask.engines)
-        rate = self.rate.per_second(self.clock())
-        return advise_retry(ahead + ask.blocks, free, rate, self.retry_fallback_s)
+                free_seqs += max(0, view.free_seqs())
+                free_blocks += max(0, view.free_blocks(self.kv_ceiling))
+        need = Room(seqs=ask.seqs, blocks=ask.blocks)
+        waiting = await self.store.queue_length() - (1 if queued else 0)
+        blocks = await self.store.blocks_ahead(ask.engines) - (ask.blocks if queued else 0)
+        ahead = Room(seqs=max(0, waiting), blocks=max(0, blocks))
+        free = Room(seqs=free_seqs, blocks=free_blocks)
+        return self.forecast.advise(
+            self.clock(), need=need, ahead=ahead, free=free, promise=promise
+        )

@@ -1,26 +1,71 @@
+import itertools
+
 import pytest
 
-from gateway.core.retry import ReleaseRate, RetryAdvice, advise_retry
+from gateway.core.retry import ReleaseRate, RetryAdvice, RetryForecast, Room
 
 
 def test_rate_needs_two_events_and_forgets_old_ones():
     r = ReleaseRate(window_s=10)
     assert r.per_second(0) is None
     r.record(0, 10)
-    assert r.per_second(0) is None
-    r.record(5, 10)
+    assert r.per_second(0) is None and r.seqs_per_second(0) is None
+    r.record(5, 10, seqs=2)
     assert r.per_second(5) == pytest.approx(20 / 5)
+    assert r.seqs_per_second(5) == pytest.approx(3 / 5)
     r.record(20, 4)  # the first two fall out of the window
     assert r.per_second(20) is None
 
 
-def test_advice_from_rate_and_work_ahead():
-    # 40 blocks ahead, 10 free, 5 blocks/s → 6 s
-    advice = advise_retry(40, 10, 5.0, fallback_s=2)
-    assert advice.seconds == pytest.approx(6.0)
-    assert advice.header_seconds == 6 and advice.header_ms == 6000
-    assert advise_retry(40, 10, None, fallback_s=2).seconds == 2  # no rate observed yet
-    assert advise_retry(5, 10, 5.0, fallback_s=2).header_seconds == 1  # fits already: retry soon
+def rated(seqs_per_s: float, blocks_per_seq: int, fallback_s: float = 2.0) -> RetryForecast:
+    """A forecast whose rate is `seqs_per_s` sequences of `blocks_per_seq` blocks a second."""
+    rate = ReleaseRate(window_s=100)
+    for i in range(int(seqs_per_s * 10) + 1):
+        rate.record(i / seqs_per_s, blocks_per_seq)
+    return RetryForecast(rate, fallback_s)
+
+
+def test_advice_covers_the_line_ahead_at_the_release_rate():
+    forecast = rated(seqs_per_s=2.0, blocks_per_seq=5)
+    now = 10.0
+    # 8 requests (40 blocks) wait ahead; nothing is free: 9 sequences at 2/s = 4.5 s.
+    advice = forecast.advise(now, need=Room(1, 5), ahead=Room(8, 40), free=Room(0, 0))
+    assert advice.seconds == pytest.approx(4.5, rel=0.05)
+    assert advice.header_seconds == 5
+
+
+def test_refusals_at_the_same_moment_are_spread_in_order_not_sent_back_as_a_herd():
+    forecast = rated(seqs_per_s=2.0, blocks_per_seq=5)
+    now = 10.0
+    advised = [
+        forecast.advise(now, need=Room(1, 5), ahead=Room(4, 20), free=Room(0, 0)).seconds
+        for _ in range(10)
+    ]
+    assert advised == sorted(advised)
+    gaps = [b - a for a, b in itertools.pairwise(advised)]
+    assert all(gap == pytest.approx(0.5, rel=0.05) for gap in gaps)  # one release apart
+    # Once a promise is due, it no longer stands ahead.
+    assert forecast.promised(now + 100) == Room(0, 0)
+
+
+def test_never_earlier_than_the_first_expected_release():
+    forecast = rated(seqs_per_s=0.5, blocks_per_seq=5)
+    # Room on the engines already (the constraint was the line's order): still 1 / rate.
+    advice = forecast.advise(10.0, need=Room(1, 5), ahead=Room(0, 0), free=Room(4, 100))
+    per_s = forecast.rate.seqs_per_second(10.0)
+    assert per_s is not None and advice.seconds == pytest.approx(1 / per_s)
+    assert advice.seconds > 1.0  # not the bare minimum a "fits already" answer used to get
+
+
+def test_without_a_rate_the_fallback_spread_by_the_promises():
+    forecast = RetryForecast(ReleaseRate(), fallback_s=2.0)
+    first = forecast.advise(0, need=Room(1, 1), ahead=Room(0, 0), free=Room(0, 0))
+    second = forecast.advise(0, need=Room(1, 1), ahead=Room(0, 0), free=Room(0, 0))
+    unpromised = forecast.advise(
+        0, need=Room(1, 1), ahead=Room(0, 0), free=Room(0, 0), promise=False
+    )
+    assert (first.seconds, second.seconds, unpromised.seconds) == (2.0, 4.0, 6.0)
+    assert forecast.promised(0) == Room(2, 2)
 
 
 def test_header_rounding():
