@@ -14,7 +14,7 @@ from urllib.parse import urlsplit
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from gateway.core.reservation import PredictionPolicy
+from gateway.core.reservation import AdaptivePolicy, PredictionPolicy
 from gateway.core.routing import DEFAULT_SCORERS, SCORERS
 
 TOKENIZER_KINDS = ("tiktoken:", "hf:", "engine", "estimate", "estimate:")
@@ -108,13 +108,28 @@ class PredictionConfig(_Strict):
         return PredictionPolicy(self.quantile, self.window, self.min_samples)
 
 
+class AdaptiveConfig(_Strict):
+    """The `adaptive` reservation: the quantile moves to keep the engines' preemptions per
+    1,000 completed requests at most at the target."""
+
+    target_preemptions_per_1000: float = Field(default=1.0, gt=0)
+    # The quantile moves between this and 1 (starting at prediction.quantile).
+    min_quantile: float = Field(default=0.5, gt=0, le=1)
+    step: float = Field(default=0.02, gt=0, le=1)
+
+    def policy(self) -> AdaptivePolicy:
+        return AdaptivePolicy(self.target_preemptions_per_1000, self.min_quantile, self.step)
+
+
 class AdmissionConfig(_Strict):
     kv_ceiling: float = Field(default=0.95, gt=0, le=1)
     # worst_case: prompt + the whole output budget (the engine never preempts);
     # predicted: prompt + min(budget, a quantile of recent outputs) (more concurrency, some
     # preemption risk). See gateway/core/reservation.py.
-    reservation: Literal["worst_case", "predicted"] = "worst_case"
+    # adaptive: predicted, at a quantile steered by the engines' preemptions.
+    reservation: Literal["worst_case", "predicted", "adaptive"] = "worst_case"
     prediction: PredictionConfig = PredictionConfig()
+    adaptive: AdaptiveConfig = AdaptiveConfig()
     # A max_tokens longer than the context leaves after the prompt: `clamp` reserves (and
     # vLLM 0.32 generates) what fits; `refuse` answers 400 as most vLLM versions and OpenAI.
     # A max_tokens larger than the whole context is refused either way.

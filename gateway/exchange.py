@@ -209,7 +209,7 @@ class Exchange:
         desk, engine = self._desk, admitted.engine.name
         ok = response.status_code == 200
         self.outcome = str(response.status_code)
-        follow = self.streaming and desk.service.reservation == "predicted"
+        follow = self.streaming and desk.service.reservation != "worst_case"
         first = True
         async for chunk in response.chunks():
             if ok:

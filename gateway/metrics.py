@@ -119,6 +119,13 @@ class GatewayMetrics:
             ["model"],
             registry=self.registry,
         )
+        self.reserved_quantile = Gauge(
+            "kv_gateway_reserved_quantile",
+            "`adaptive` reservations: the quantile of recent output lengths reserved for, as "
+            "the engines' preemptions steer it.",
+            ["model"],
+            registry=self.registry,
+        )
 
     async def render(
         self,
@@ -126,6 +133,7 @@ class GatewayMetrics:
         pool: EnginePool,
         output_lengths: Mapping[str, OutputLengths],
         kv_ceiling: float,
+        quantiles: Mapping[str, float] | None = None,
     ) -> bytes:
         """The page: counters as they stand, gauges read now from the store and the pool."""
         # Scraped most when something is wrong: an unreachable Redis leaves the gauges read
@@ -153,4 +161,6 @@ class GatewayMetrics:
             predicted = lengths.predicted()
             if predicted is not None:
                 self.predicted_output.labels(model).set(predicted)
+        for model, quantile in (quantiles or {}).items():
+            self.reserved_quantile.labels(model).set(quantile)
         return generate_latest(self.registry)

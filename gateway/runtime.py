@@ -165,6 +165,7 @@ def _assemble(
         kv_ceiling=cfg.admission.kv_ceiling,
         reservation=cfg.admission.reservation,
         prediction=cfg.admission.prediction.policy(),
+        adaptive=cfg.admission.adaptive.policy(),
         clamp=cfg.admission.over_length == "clamp",
     )
 

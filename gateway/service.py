@@ -14,7 +14,13 @@ from typing import Literal
 from gateway.core.admission import NeverFits, place
 from gateway.core.footprint import output_budget
 from gateway.core.kvmath import ceil_div
-from gateway.core.reservation import OutputLengths, PredictionPolicy, blocks_short
+from gateway.core.reservation import (
+    AdaptivePolicy,
+    AdaptiveQuantile,
+    OutputLengths,
+    PredictionPolicy,
+    blocks_short,
+)
 from gateway.core.tenants import RateLimitValues
 from gateway.core.types import DEFAULT_TENANT, EngineSpec, RequestShape, TenantPolicy
 from gateway.engines.pool import EnginePool
@@ -25,6 +31,8 @@ from gateway.state.base import Lease
 from gateway.state.errors import StateUnavailable
 from gateway.tokens import EngineTokenizeError, TokenCountError
 from gateway.tokens.protocol import TokenCounter, prompt_token_counts
+
+Reservation = Literal["worst_case", "predicted", "adaptive"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,8 +56,9 @@ class Service:
         scheduler: Scheduler,
         counters: Mapping[str, TokenCounter],
         kv_ceiling: float,
-        reservation: Literal["worst_case", "predicted"] = "worst_case",
+        reservation: Reservation = "worst_case",
         prediction: PredictionPolicy | None = None,
+        adaptive: AdaptivePolicy | None = None,
         clamp: bool = True,
     ) -> None:
         self.pool = pool
@@ -64,6 +73,13 @@ class Service:
         self._policy = prediction or PredictionPolicy()
         self.output_lengths = {model: OutputLengths(self._policy) for model in counters}
         self._tenant_lengths: dict[tuple[str, str], OutputLengths] = {}
+        # `adaptive`: per model, the quantile steered by its engines' preemptions, and the
+        # preemption total last seen on them.
+        steer = adaptive or AdaptivePolicy()
+        self.adaptive = {
+            model: AdaptiveQuantile(steer, self._policy.quantile) for model in counters
+        }
+        self._preemptions_seen: dict[str, int] = {}
 
     async def admit(
         self,
@@ -115,7 +131,7 @@ class Service:
         """Blocks to add to a streaming request's lease that its `generated` tokens (all
         choices) outgrew; 0 in `worst_case` mode or while the lease suffices."""
         shape = admitted.shape
-        if self.reservation != "predicted" or len(shape.prompt_tokens) != 1:
+        if self.reservation == "worst_case" or len(shape.prompt_tokens) != 1:
             return 0
         prompt, spec = shape.prompt_tokens[0], admitted.engine
         return blocks_short(
@@ -135,14 +151,18 @@ class Service:
 
     def output_cap(self, model: str, tenant: str = DEFAULT_TENANT.name) -> int | None:
         """Output tokens per sequence to reserve at most; None = the whole budget. The
-        tenant's own prediction once it has enough samples, else the model's."""
-        if self.reservation != "predicted":
+        tenant's own prediction once it has enough samples, else the model's; at the
+        configured quantile (`predicted`) or the one its engines' preemptions steer
+        (`adaptive`)."""
+        if self.reservation == "worst_case":
             return None
+        steered = self.adaptive.get(model) if self.reservation == "adaptive" else None
+        quantile = steered.quantile if steered is not None else None
         own = self._tenant_lengths.get((model, tenant))
-        predicted = own.predicted() if own is not None else None
+        predicted = own.predicted(quantile) if own is not None else None
         if predicted is None:
             pooled = self.output_lengths.get(model)
-            predicted = pooled.predicted() if pooled is not None else None
+            predicted = pooled.predicted(quantile) if pooled is not None else None
         return predicted
 
     def observe_output(
@@ -163,6 +183,19 @@ class Service:
         # Tenants come from the config (or are the default one): a bounded set of keys.
         own = self._tenant_lengths.setdefault((model, tenant), OutputLengths(self._policy))
         own.observe(per_seq)
+        steered = self.adaptive.get(model)
+        if steered is not None:
+            steered.observe(completed=1, preemptions=self._new_preemptions(model))
+
+    def _new_preemptions(self, model: str) -> int:
+        """Preemptions on the model's engines since the last call (their counters as last
+        scraped; a counter that went back — a restarted engine — counts from zero)."""
+        total = sum(e.preemptions or 0 for e in self.pool.serving(model))
+        seen = self._preemptions_seen.get(model)
+        self._preemptions_seen[model] = total
+        if seen is None:
+            return 0
+        return max(0, total - seen)
 
     def _share_blocks(self, tenant: TenantPolicy) -> int | None:
         """`kv_share` in blocks: a fraction of all engines' admissible blocks."""

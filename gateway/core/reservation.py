@@ -24,7 +24,13 @@ from dataclasses import dataclass
 
 from gateway.core.kvmath import ceil_div
 
-__all__ = ["OutputLengths", "PredictionPolicy", "blocks_short"]
+__all__ = [
+    "AdaptivePolicy",
+    "AdaptiveQuantile",
+    "OutputLengths",
+    "PredictionPolicy",
+    "blocks_short",
+]
 
 # A stream that outgrew its lease is topped up by what it lacks plus this many blocks per
 # sequence, so that a long answer extends its lease once per this many blocks, not per token.
@@ -67,12 +73,14 @@ class OutputLengths:
     def __len__(self) -> int:
         return len(self._recent)
 
-    def predicted(self) -> int | None:
-        """The quantile (nearest rank) of the window; None until `min_samples` were seen."""
+    def predicted(self, quantile: float | None = None) -> int | None:
+        """The quantile (nearest rank) of the window — the policy's, or `quantile` — None
+        until `min_samples` were seen."""
         n = len(self._sorted)
         if n < self.policy.min_samples:
             return None
-        rank = math.ceil(round(self.policy.quantile * n, 9))  # round: 0.9 × 10 is 9, not 9.0…2
+        q = self.policy.quantile if quantile is None else quantile
+        rank = math.ceil(round(q * n, 9))  # round: 0.9 × 10 is 9, not 9.0…2
         return self._sorted[max(1, rank) - 1]
 
 
@@ -98,3 +106,55 @@ def blocks_short(
         return 0
     most = ceil_div(prompt_tokens + budget, block_size)
     return max(0, min(need + LOOKAHEAD_BLOCKS, most) - have) * seqs
+
+
+@dataclass(frozen=True, slots=True)
+class AdaptivePolicy:
+    """The `adaptive` reservation: a predicted quantile steered by the engines' preemptions.
+
+    `target_per_1000`: preemptions per 1,000 completed requests the controller aims at (at
+    most); the quantile moves between `min_quantile` and 1 (the longest output in the window)
+    by `step` at a time."""
+
+    target_per_1000: float = 1.0
+    min_quantile: float = 0.5
+    step: float = 0.02
+
+    def __post_init__(self) -> None:
+        if not self.target_per_1000 > 0:
+            raise ValueError(f"target_per_1000 must be > 0, not {self.target_per_1000}")
+        if not 0 < self.min_quantile <= 1:
+            raise ValueError(f"min_quantile must be in (0, 1], not {self.min_quantile}")
+        if not 0 < self.step <= 1:
+            raise ValueError(f"step must be in (0, 1], not {self.step}")
+
+
+class AdaptiveQuantile:
+    """Feedback from the engine: the quantile of recent outputs to reserve for, kept where
+    the engines preempt at most `target_per_1000` times per 1,000 completed requests.
+
+    An allowance grows by `target / 1000` per completed request and shrinks by one per
+    preemption (`vllm:num_preemptions_total` rising). Over budget by a whole preemption: the
+    quantile goes up a step (more is reserved, fewer requests run at once, the engine stops
+    running out of blocks), and the allowance starts again from zero; a whole preemption's
+    allowance unused: it goes down a step (less is reserved, more requests run). In steady
+    state the quantile settles where the engines preempt at the target rate, whatever the
+    workload's tail. Pure: the caller feeds the counts it observed."""
+
+    def __init__(self, policy: AdaptivePolicy, start: float) -> None:
+        self.policy = policy
+        self.quantile = min(1.0, max(policy.min_quantile, start))
+        self._allowance = 0.0
+
+    def observe(self, *, completed: int = 0, preemptions: int = 0) -> None:
+        """`completed` requests finished and the engines preempted `preemptions` times since
+        the last call."""
+        if completed < 0 or preemptions < 0:
+            raise ValueError("counts cannot be negative")
+        self._allowance += completed * self.policy.target_per_1000 / 1000 - preemptions
+        if self._allowance <= -1.0:
+            self.quantile = min(1.0, self.quantile + self.policy.step)
+            self._allowance = 0.0
+        elif self._allowance >= 1.0:
+            self.quantile = max(self.policy.min_quantile, self.quantile - self.policy.step)
+            self._allowance = 0.0

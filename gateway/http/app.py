@@ -63,7 +63,11 @@ def _routes(runtime: Runtime) -> list[Route]:
         return JSONResponse(body, status_code=503 if missing else 200)
 
     async def metrics_page(request: Request) -> Response:
-        page = await metrics.render(store, pool, runtime.service.output_lengths, kv_ceiling)
+        service = runtime.service
+        quantiles = None
+        if service.reservation == "adaptive":
+            quantiles = {model: a.quantile for model, a in service.adaptive.items()}
+        page = await metrics.render(store, pool, service.output_lengths, kv_ceiling, quantiles)
         return Response(page, media_type=CONTENT_TYPE_LATEST)
 
     async def admin_status(request: Request) -> Response:

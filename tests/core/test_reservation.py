@@ -8,7 +8,13 @@ from hypothesis import strategies as st
 
 from gateway.core.admission import NeverFits, Placement, place
 from gateway.core.footprint import footprint
-from gateway.core.reservation import OutputLengths, PredictionPolicy, blocks_short
+from gateway.core.reservation import (
+    AdaptivePolicy,
+    AdaptiveQuantile,
+    OutputLengths,
+    PredictionPolicy,
+    blocks_short,
+)
 from gateway.core.types import EngineSpec, RequestShape
 
 
@@ -147,3 +153,40 @@ def test_a_topped_up_lease_holds_the_next_token(prompt, generated, budget, seqs,
     assert per_seq * block >= prompt + generated + 1  # room for the next token
     if add:
         assert per_seq <= math.ceil((prompt + budget) / block)  # never past the worst case
+
+
+def test_adaptive_quantile_tightens_on_preemptions_and_relaxes_when_quiet() -> None:
+    steer = AdaptiveQuantile(AdaptivePolicy(target_per_1000=10, min_quantile=0.5, step=0.05), 0.8)
+    steer.observe(completed=10, preemptions=3)  # 0.1 allowed, 3 seen: over by a whole one
+    assert steer.quantile == pytest.approx(0.85)
+    for _ in range(99):
+        steer.observe(completed=1)
+    assert steer.quantile == pytest.approx(0.85)  # 0.99 of one preemption's allowance unused
+    steer.observe(completed=1)
+    assert steer.quantile == pytest.approx(0.80)  # a whole one unused: relax a step
+    for _ in range(100):
+        steer.observe(preemptions=5)
+    assert steer.quantile == 1.0  # never past the longest recent output
+    for _ in range(10_000):
+        steer.observe(completed=100)
+    assert steer.quantile == 0.5  # nor below the floor
+
+
+def test_adaptive_quantile_settles_at_its_target_against_a_simulated_engine() -> None:
+    # A toy engine: preemptions per request fall as the reserved quantile rises (a tail of
+    # long outputs that outgrow low quantiles). The controller finds where they meet 2/1000.
+    steer = AdaptiveQuantile(AdaptivePolicy(target_per_1000=2, step=0.01), 0.6)
+
+    def preemption_rate(q: float) -> float:  # per request
+        return 0.05 * (1 - q) ** 2
+
+    owed = 0.0
+    rates = []
+    for i in range(200_000):
+        owed += preemption_rate(steer.quantile)
+        seen = int(owed)
+        owed -= seen
+        steer.observe(completed=1, preemptions=seen)
+        if i >= 100_000:
+            rates.append(preemption_rate(steer.quantile))
+    assert 0.0015 <= sum(rates) / len(rates) <= 0.0025

@@ -298,3 +298,20 @@ async def test_refused_everywhere_again_and_again_is_a_429_not_a_503() -> None:
     assert len(d.engines.sent) == MAX_ENGINE_REFUSALS
     assert await d.remaining_tokens() == TPM
     await assert_nothing_held(d)
+
+
+async def test_adaptive_reservations_follow_the_engines_preemptions() -> None:
+    usage = {"prompt_tokens": 4, "completion_tokens": 7, "total_tokens": 11}
+    d = desk({url: Scripted(body=whole(usage)) for url in ("http://a", "http://b")})
+    service = d.service
+    service.reservation = "adaptive"
+    steer = service.adaptive[MODEL]
+    start = steer.quantile
+    state = d.pool.get("a")
+    assert state is not None
+    state.preemptions = 0
+    await run(d.exchanges.start("completion", "r0"), body())  # the counter's first reading
+    state.preemptions = 5  # the engine preempted five times since
+    await run(d.exchanges.start("completion", "r1"), body())
+    assert steer.quantile > start  # more is reserved now
+    await assert_nothing_held(d)
