@@ -27,6 +27,7 @@ import random
 import statistics
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +39,41 @@ MAX_TOKENS = 1024
 LONG_TOKENS = 600
 
 
-def start(workdir: Path, mode: str, kv_ceiling: float) -> tuple[list[Child], str, str]:
+@dataclass(frozen=True)
+class Setting:
+    """One gateway setting to measure: `mode[:quantile][@ceiling][/target]`, e.g.
+    `worst_case`, `predicted:0.8@0.9`, `adaptive/1` (target preemptions per 1,000)."""
+
+    mode: str
+    quantile: float = 0.9
+    ceiling: float = 1.0
+    target: float = 1.0
+
+    @classmethod
+    def parse(cls, text: str, ceiling: float) -> Setting:
+        rest, _, target = text.partition("/")
+        rest, _, at = rest.partition("@")
+        mode, _, quantile = rest.partition(":")
+        if mode not in ("worst_case", "predicted", "adaptive"):
+            raise SystemExit(f"unknown mode in {text!r}")
+        return cls(
+            mode,
+            float(quantile or 0.9),
+            float(at or ceiling),
+            float(target or 1.0),
+        )
+
+    @property
+    def label(self) -> str:
+        label = self.mode
+        if self.mode == "predicted":
+            label += f" q={self.quantile:g}"
+        if self.mode == "adaptive":
+            label += f" target={self.target:g}/1000"
+        return label + (f" ceiling={self.ceiling:g}" if self.ceiling != 1.0 else "")
+
+
+def start(workdir: Path, setting: Setting) -> tuple[list[Child], str, str]:
     engine, engine_url = start_engine(
         workdir, ENGINE, decode_ms=(8, 0.1), prefill_ms_per_token=0.005
     )
@@ -47,9 +82,10 @@ def start(workdir: Path, mode: str, kv_ceiling: float) -> tuple[list[Child], str
         "models": [{"name": "tiny", "tokenizer": "hf:@tiny"}],
         "queue": {"max_length": 1024, "max_wait_s": 60},
         "admission": {
-            "kv_ceiling": kv_ceiling,
-            "reservation": mode,
-            "prediction": {"quantile": 0.9, "window": 1000, "min_samples": 50},
+            "kv_ceiling": setting.ceiling,
+            "reservation": setting.mode,
+            "prediction": {"quantile": setting.quantile, "window": 1000, "min_samples": 50},
+            "adaptive": {"target_preemptions_per_1000": setting.target},
         },
         "health": {"scrape_interval_s": 0.5},
     }
@@ -115,7 +151,9 @@ async def load(
         measuring = True
         t0 = time.monotonic()
         peak_running = 0
-        while time.monotonic() - t0 < args.seconds:
+        while time.monotonic() - t0 < args.seconds and (
+            args.requests is None or len(latencies) < args.requests
+        ):
             await asyncio.sleep(0.1)
             state = (await http.get(engine_url + "/sim/state")).json()
             peak_running = max(peak_running, state["running"])
@@ -124,10 +162,12 @@ async def load(
         after = (await http.get(engine_url + "/sim/state")).json()
         stop.set()
         await asyncio.gather(*tasks)
-        predicted = None
+        predicted = quantile = None
         for line in (await http.get(gateway_url + "/metrics")).text.splitlines():
             if line.startswith("kv_gateway_predicted_output_tokens{"):
                 predicted = float(line.rsplit(" ", 1)[1])
+            if line.startswith("kv_gateway_reserved_quantile{"):
+                quantile = float(line.rsplit(" ", 1)[1])
     done = len(latencies)
     q = statistics.quantiles(latencies, n=20) if done >= 2 else [float("nan")] * 19
     return {
@@ -137,9 +177,14 @@ async def load(
         "latency_p95_s": q[18],
         "refused_429": refused,
         "errors": errors,
+        "completed": done,
         "preemptions": after["num_preemptions"] - before["num_preemptions"],
+        "preemptions_per_1000": 1000
+        * (after["num_preemptions"] - before["num_preemptions"])
+        / max(1, done),
         "peak_running": peak_running,
         "predicted_output_tokens": predicted,
+        "adaptive_quantile_at_end": quantile,
     }
 
 
@@ -154,36 +199,78 @@ def main() -> int:
         "--stream", action="store_true", help="streamed answers (the lease follows the tokens)"
     )
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument(
+        "--requests", type=int, help="stop measuring after this many completed requests"
+    )
+    parser.add_argument(
+        "--settings",
+        default="worst_case,predicted",
+        help="comma list of mode[:quantile][@ceiling][/target], e.g. "
+        "worst_case,predicted:0.8,predicted:0.9@0.9,adaptive/1",
+    )
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--plot", type=Path, help="PNG: throughput against preemptions/1000")
     args = parser.parse_args()
+    settings = [Setting.parse(t, args.kv_ceiling) for t in args.settings.split(",")]
     print(f"machine: {machine()}")
     print(
         f"engine {ENGINE}; {args.clients} clients, max_tokens {MAX_TOKENS} "
         f"({args.long_fraction:.0%} ignore EOS and produce {LONG_TOKENS}); "
-        f"kv_ceiling {args.kv_ceiling:g}; {'streamed' if args.stream else 'whole'} answers; "
+        f"{'streamed' if args.stream else 'whole'} answers; "
         f"warm-up {args.warmup_s:g} s, measured {args.seconds:g} s"
+        + (f" or {args.requests} requests" if args.requests else "")
     )
     results: dict[str, dict[str, Any]] = {}
     with tempfile.TemporaryDirectory(prefix="bench-reservation-") as tmp:
-        for mode in ("worst_case", "predicted"):
-            children, engine_url, gateway_url = start(Path(tmp), mode, args.kv_ceiling)
+        for setting in settings:
+            children, engine_url, gateway_url = start(Path(tmp), setting)
             try:
-                results[mode] = asyncio.run(load(gateway_url, engine_url, args, args.seed))
+                results[setting.label] = asyncio.run(load(gateway_url, engine_url, args, args.seed))
             finally:
                 for child in children:
                     child.stop()
-            print(f"\n{mode}:")
-            for key, value in results[mode].items():
+            print(f"\n{setting.label}:")
+            for key, value in results[setting.label].items():
                 print(f"  {key:24} {value:.3f}" if isinstance(value, float) else
                       f"  {key:24} {value}")  # fmt: skip
-    w, p = results["worst_case"], results["predicted"]
-    print("\npredicted / worst_case:")
-    for key in ("completed_per_s", "output_tokens_per_s", "latency_p50_s", "latency_p95_s"):
-        print(f"  {key:24} {p[key] / w[key]:.2f}x" if w[key] else f"  {key:24} n/a")
+    print(f"\n{'setting':36} {'completed/s':>12} {'preempt/1000':>13} {'completed':>10}")
+    for label, r in results.items():
+        print(
+            f"{label:36} {r['completed_per_s']:>12.2f} {r['preemptions_per_1000']:>13.2f} "
+            f"{r['completed']:>10}"
+        )
     if args.json:
-        args.json.write_text(json.dumps({"args": vars(args) | {"json": str(args.json)},
-                                         "results": results}, indent=2))  # fmt: skip
+        args.json.write_text(json.dumps({"args": vars(args) | {"json": str(args.json),
+                                         "plot": str(args.plot)}, "results": results},
+                                        indent=2))  # fmt: skip
+    if args.plot:
+        plot(results, args.plot)
     return 0
+
+
+def plot(results: dict[str, dict[str, Any]], path: Path) -> None:
+    """Throughput against preemptions per 1,000 requests, one point per setting."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("--plot needs matplotlib (pip install 'kv-gateway[loadtest]')")
+        return
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for label, r in results.items():
+        marker = "*" if label.startswith("adaptive") else "o"
+        ax.scatter(r["preemptions_per_1000"], r["completed_per_s"], marker=marker, s=80)
+        ax.annotate(label, (r["preemptions_per_1000"], r["completed_per_s"]), fontsize=8,
+                    xytext=(4, 4), textcoords="offset points")  # fmt: skip
+    ax.set_xlabel("preemptions per 1,000 completed requests")
+    ax.set_ylabel("completed requests per second")
+    ax.set_title("Reservation settings on a long-tail workload")
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    print(f"plot: {path}")
 
 
 if __name__ == "__main__":
