@@ -10,22 +10,22 @@ import pytest
 import redis
 
 from gateway.harness import GatewayProcess, RedisServer, SimProcess
+from tests.redis_server import redis_url as session_redis_url
 
 pytestmark = pytest.mark.redis
 
-SHARED_REDIS = "redis://127.0.0.1:6379/0"
 PROMPT = list(range(100, 110))  # 10 token ids: the footprint is exact
 BLOCK = 16
 
 
-def config(engine: SimProcess, *, redis_url=SHARED_REDIS, prefix=None, **extra):
+def config(engine: SimProcess, *, redis_url=None, prefix=None, **extra):
     cfg = {
         "engines": [{"name": "e0", "url": engine.url, "max_num_seqs": 64}],
         "models": [{"name": "tiny", "tokenizer": "hf:@tiny"}],
         "admission": {"kv_ceiling": 1.0},
         "queue": {"max_length": 20, "max_wait_s": 1.0},
         "redis": {
-            "url": redis_url,
+            "url": redis_url or session_redis_url(),
             "key_prefix": prefix or f"t{uuid.uuid4().hex[:10]}",
             "lease_ttl_s": 3,
             # Three gateways, an engine and the clients share two cores: a Redis answer may
@@ -121,7 +121,7 @@ async def test_burst_across_three_replicas_never_overcommits(tmp_path):
         assert 0 < state["peak_used_blocks"] <= 100
         assert 0 < state["peak_running"] <= 10
         assert state["num_preemptions"] == 0
-        assert keys_without_ttl(SHARED_REDIS, prefix) == []
+        assert keys_without_ttl(session_redis_url(), prefix) == []
     finally:
         engine.stop()
 
