@@ -34,12 +34,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+# Libraries that log a line per HTTP call at info: the engine probes alone would write two
+# lines per engine per second. Shown at debug only.
+CHATTY_LIBRARIES = ("httpx", "httpcore")
+
+
 def configure_logging(level: str) -> None:
     logging.basicConfig(
         level=level.upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
+    quiet = level.lower() != "debug"
+    for name in CHATTY_LIBRARIES:
+        logging.getLogger(name).setLevel(logging.WARNING if quiet else logging.NOTSET)
 
 
 async def serve(
