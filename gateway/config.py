@@ -154,6 +154,14 @@ class UpstreamConfig(_Strict):
     max_body_bytes: int = Field(default=16 * 1024 * 1024, gt=0)
 
 
+class ClientsConfig(_Strict):
+    """What the gateway accepts from its clients (the upstream section's `max_body_bytes`
+    bounds a body's size)."""
+
+    # Deepest nesting of a JSON body (`[]` and `{}` count one level each); deeper is a 400.
+    max_json_depth: int = Field(default=64, ge=4, le=512)
+
+
 DIGEST_PREFIX = "sha256:"
 
 
@@ -224,6 +232,7 @@ class GatewayConfig(_Strict):
     routing: RoutingConfig = RoutingConfig()
     upstream: UpstreamConfig = UpstreamConfig()
     health: HealthConfig = HealthConfig()
+    clients: ClientsConfig = ClientsConfig()
     tenants: list[TenantConfig] = Field(default_factory=list)
     redis: RedisConfig | None = None
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 from prometheus_client import CONTENT_TYPE_LATEST
@@ -21,7 +22,9 @@ from starlette.types import Receive, Scope, Send
 
 from gateway import status
 from gateway.errors import GatewayError
-from gateway.http.completions import CompletionsEndpoint
+from gateway.exchange import PATHS
+from gateway.http.completions import BodyLimits, CompletionsEndpoint
+from gateway.http.errors import error_response_parts, log_error
 from gateway.runtime import Runtime
 
 _STARTED = int(time.time())
@@ -84,7 +87,10 @@ async def gateway_error(request: Request, exc: Exception) -> Response:
     """The gateway's own errors outside the completions path (e.g. Redis unreachable while
     `/admin/status` reads it) in the OpenAI shape, with their status."""
     assert isinstance(exc, GatewayError)
-    return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
+    request_id = uuid.uuid4().hex
+    log_error(exc, request_id)
+    status, headers, body = error_response_parts(exc, request_id)
+    return Response(body, status_code=status, headers={k.decode(): v.decode() for k, v in headers})
 
 
 async def http_error(request: Request, exc: Exception) -> Response:
@@ -130,12 +136,13 @@ def create_app(runtime: Runtime) -> GatewayApp:
         finally:
             await runtime.aclose()
 
-    limit = runtime.cfg.upstream.max_body_bytes
+    limits = BodyLimits(
+        max_bytes=runtime.cfg.upstream.max_body_bytes,
+        max_json_depth=runtime.cfg.clients.max_json_depth,
+    )
     hot = {
-        "/v1/chat/completions": CompletionsEndpoint("chat", runtime.exchanges, runtime.auth, limit),
-        "/v1/completions": CompletionsEndpoint(
-            "completion", runtime.exchanges, runtime.auth, limit
-        ),
+        path: CompletionsEndpoint(kind, runtime.exchanges, runtime.auth, limits)
+        for kind, path in PATHS.items()
     }
     routes = [
         *(Route(path, endpoint, methods=["POST"]) for path, endpoint in hot.items()),

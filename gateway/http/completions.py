@@ -16,14 +16,15 @@ import asyncio
 import contextlib
 import logging
 import uuid
+from dataclasses import dataclass
 
 from starlette.types import Receive, Scope, Send
 
 from gateway.auth import Authenticator
 from gateway.errors import GatewayError, PayloadTooLarge, RateLimited
 from gateway.exchange import Exchange, Exchanges
-from gateway.http.errors import rate_limit_headers, send_error, sse_error_event
-from gateway.request import Kind, parse_body
+from gateway.http.errors import log_error, rate_limit_headers, send_error, sse_error_event
+from gateway.request import DEFAULT_MAX_DEPTH, Kind, parse_body
 
 log = logging.getLogger(__name__)
 
@@ -32,22 +33,31 @@ class _ClientGone(Exception):
     pass
 
 
+@dataclass(frozen=True, slots=True)
+class BodyLimits:
+    """The largest body (413 beyond) and its deepest JSON nesting (400 beyond)."""
+
+    max_bytes: int
+    max_json_depth: int = DEFAULT_MAX_DEPTH
+
+
 class CompletionsEndpoint:
     def __init__(
-        self, kind: Kind, exchanges: Exchanges, auth: Authenticator, max_body_bytes: int
+        self, kind: Kind, exchanges: Exchanges, auth: Authenticator, limits: BodyLimits
     ) -> None:
         self.kind = kind
         self.exchanges = exchanges
         self.auth = auth
-        self.max_body_bytes = max_body_bytes
+        self.limits = limits
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         request_id = _request_id(scope)
         try:
-            body = await _read_body(receive, self.max_body_bytes)
+            body = await _read_body(receive, self.limits.max_bytes)
         except _ClientGone:
             return
         except GatewayError as e:
+            log_error(e, request_id)
             await send_error(send, e, request_id)
             return
         authorization = _header(scope, b"authorization")
@@ -69,7 +79,8 @@ class CompletionsEndpoint:
         started = False
         try:
             tenant = self.auth.tenant(authorization)
-            answer = await exchange.open(tenant, parse_body(body, self.kind), body)
+            inbound = parse_body(body, self.kind, max_depth=self.limits.max_json_depth)
+            answer = await exchange.open(tenant, inbound, body)
             headers = [
                 *answer.headers,
                 (b"x-request-id", request_id.encode()),
@@ -83,6 +94,7 @@ class CompletionsEndpoint:
             await send({"type": "http.response.body", "body": b"", "more_body": False})
         except GatewayError as e:
             exchange.fail(e)
+            log_error(e, request_id)
             if isinstance(e, RateLimited) and not started:
                 e.headers.update(
                     (k.decode(), v.decode())
@@ -105,9 +117,8 @@ async def _fail(send: Send, error: GatewayError, exchange: Exchange, started: bo
         if not started:
             await send_error(send, error, exchange.request_id)
         elif exchange.streaming:
-            await send(
-                {"type": "http.response.body", "body": sse_error_event(error), "more_body": False}
-            )
+            event = sse_error_event(error, exchange.request_id)
+            await send({"type": "http.response.body", "body": event, "more_body": False})
         else:
             await send({"type": "http.response.body", "body": b"", "more_body": False})
 

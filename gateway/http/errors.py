@@ -1,20 +1,58 @@
 """The one place that renders errors for clients: OpenAI-shaped JSON, or an SSE event once a
-stream has started. Never a stack trace."""
+stream has started. Never a stack trace.
+
+What a client reads is public: the gateway's own failures (5xx) say what happened in a fixed
+sentence with the request id, because their detail names internal addresses, engines and
+library errors (`Error 111 connecting to 127.0.0.1:6379`, `the engine at http://10.0.0.7:8000
+sent nothing for 120 s`). The detail goes to the log, once, with the same request id
+(`log_error`). Client errors (4xx) are about the request and are shown as they are.
+"""
 
 from __future__ import annotations
 
 import json
+import logging
 
 from starlette.types import Send
 
 from gateway.core.tenants import RateLimitValues
 from gateway.errors import GatewayError
 
+log = logging.getLogger(__name__)
+
+PUBLIC_MESSAGES = {
+    "upstream_unavailable": "The engine could not serve this request.",
+    "upstream_timeout": "The engine did not answer in time.",
+    "no_healthy_engine": "No healthy engine can serve this request now.",
+    "state_unavailable": "The gateway's shared state is unreachable; retrying shortly.",
+}
+"""What a client is told for each of the gateway's own 5xx codes; any other 5xx code:
+`PUBLIC_FALLBACK`."""
+PUBLIC_FALLBACK = "The gateway could not serve this request."
+
+
+def public_body(error: GatewayError, request_id: str) -> dict[str, object]:
+    """`error` as the client may see it (see the module docstring)."""
+    body = error.body()
+    if error.status >= 500:
+        text = PUBLIC_MESSAGES.get(error.code or "", PUBLIC_FALLBACK)
+        inner = body["error"]
+        assert isinstance(inner, dict)
+        inner["message"] = f"{text} (request id {request_id}; details in the gateway's log)"
+    return body
+
+
+def log_error(error: GatewayError, request_id: str) -> None:
+    """The one log line of a failed request: the gateway's own failures at warning, with
+    the detail the client does not see; refusals and bad requests at debug."""
+    level = logging.WARNING if error.status >= 500 else logging.DEBUG
+    log.log(level, "request %s: %d %s: %s", request_id, error.status, error.code, error.message)
+
 
 def error_response_parts(
     error: GatewayError, request_id: str
 ) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
-    body = json.dumps(error.body()).encode()
+    body = json.dumps(public_body(error, request_id)).encode()
     headers = [
         (b"content-type", b"application/json"),
         (b"content-length", str(len(body)).encode()),
@@ -30,9 +68,9 @@ async def send_error(send: Send, error: GatewayError, request_id: str) -> None:
     await send({"type": "http.response.body", "body": body, "more_body": False})
 
 
-def sse_error_event(error: GatewayError) -> bytes:
+def sse_error_event(error: GatewayError, request_id: str) -> bytes:
     """An in-band error for a stream that already started: the official clients raise on it."""
-    return b"data: " + json.dumps(error.body()).encode() + b"\n\n"
+    return b"data: " + json.dumps(public_body(error, request_id)).encode() + b"\n\n"
 
 
 def duration(seconds: float) -> str:
