@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import time
-import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 from prometheus_client import CONTENT_TYPE_LATEST
@@ -25,6 +24,7 @@ from gateway.errors import GatewayError
 from gateway.exchange import PATHS
 from gateway.http.completions import BodyLimits, CompletionsEndpoint
 from gateway.http.errors import error_response_parts, log_error
+from gateway.http.request_ids import request_id as request_id_of
 from gateway.runtime import Runtime
 
 _STARTED = int(time.time())
@@ -87,7 +87,7 @@ async def gateway_error(request: Request, exc: Exception) -> Response:
     """The gateway's own errors outside the completions path (e.g. Redis unreachable while
     `/admin/status` reads it) in the OpenAI shape, with their status."""
     assert isinstance(exc, GatewayError)
-    request_id = uuid.uuid4().hex
+    request_id = request_id_of(request.scope)
     log_error(exc, request_id)
     status, headers, body = error_response_parts(exc, request_id)
     return Response(body, status_code=status, headers={k.decode(): v.decode() for k, v in headers})

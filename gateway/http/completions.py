@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import uuid
 from dataclasses import dataclass
 
 from starlette.types import Receive, Scope, Send
@@ -24,6 +23,7 @@ from gateway.auth import Authenticator
 from gateway.errors import GatewayError, PayloadTooLarge, RateLimited
 from gateway.exchange import Exchange, Exchanges
 from gateway.http.errors import log_error, rate_limit_headers, send_error, sse_error_event
+from gateway.http.request_ids import request_id as request_id_of
 from gateway.request import DEFAULT_MAX_DEPTH, Kind, parse_body
 
 log = logging.getLogger(__name__)
@@ -51,7 +51,7 @@ class CompletionsEndpoint:
         self.limits = limits
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        request_id = _request_id(scope)
+        request_id = request_id_of(scope)
         try:
             body = await _read_body(receive, self.limits.max_bytes)
         except _ClientGone:
@@ -129,13 +129,6 @@ def _header(scope: Scope, name: bytes) -> str | None:
             text: str = bytes(value).decode("latin-1").strip()
             return text
     return None
-
-
-def _request_id(scope: Scope) -> str:
-    given = _header(scope, b"x-request-id")
-    if given and len(given) <= 128:
-        return given
-    return uuid.uuid4().hex
 
 
 async def _read_body(receive: Receive, limit: int) -> bytes:
