@@ -181,16 +181,37 @@ class TenantConfig(_Strict):
     @field_validator("api_keys")
     @classmethod
     def _digests(cls, keys: list[str]) -> list[str]:
-        out = []
-        for key in keys:
-            digest = key.removeprefix(DIGEST_PREFIX).lower()
-            if len(digest) != 64 or any(c not in "0123456789abcdef" for c in digest):
-                raise ValueError(
-                    "api_keys are sha256 digests (64 hex digits, optionally 'sha256:'-prefixed); "
-                    "make one with `kv-gateway hash-key`"
-                )
-            out.append(digest)
-        return out
+        return _digests(keys)
+
+
+def _digests(keys: list[str]) -> list[str]:
+    out = []
+    for key in keys:
+        digest = key.removeprefix(DIGEST_PREFIX).lower()
+        if len(digest) != 64 or any(c not in "0123456789abcdef" for c in digest):
+            raise ValueError(
+                "api_keys are sha256 digests (64 hex digits, optionally 'sha256:'-prefixed); "
+                "make one with `kv-gateway hash-key`"
+            )
+        out.append(digest)
+    return out
+
+
+class AdminConfig(_Strict):
+    """Who may read the admin surface: `/admin/*` and `/metrics`.
+
+    With keys, a request there needs `Authorization: Bearer <one of them>`. Without keys the
+    surface is open when no tenants are configured (anyone may call the API anyway: the demo,
+    a trusted network), and closed (403) when tenants are: their keys say the API is not
+    public, and the admin surface names engines, addresses and every tenant's load.
+    """
+
+    api_keys: list[str] = Field(default_factory=list)  # sha256 digests, as tenants'
+
+    @field_validator("api_keys")
+    @classmethod
+    def _digests(cls, keys: list[str]) -> list[str]:
+        return _digests(keys)
 
 
 class RedisConfig(_Strict):
@@ -234,6 +255,7 @@ class GatewayConfig(_Strict):
     health: HealthConfig = HealthConfig()
     clients: ClientsConfig = ClientsConfig()
     tenants: list[TenantConfig] = Field(default_factory=list)
+    admin: AdminConfig = AdminConfig()
     redis: RedisConfig | None = None
 
     @model_validator(mode="after")
@@ -253,6 +275,8 @@ class GatewayConfig(_Strict):
         keys = [k for t in self.tenants for k in t.api_keys]
         if len(keys) != len(set(keys)):
             raise ValueError("an API key digest is listed for more than one tenant")
+        if set(keys) & set(self.admin.api_keys):
+            raise ValueError("an admin key digest is also a tenant's: give admins their own keys")
         return self
 
     def tokenizer_for(self, model: str) -> str:

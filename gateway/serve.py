@@ -82,15 +82,20 @@ async def serve(
 
 
 def _reload(config_path: str, runtime: Runtime) -> None:
-    """SIGHUP: the tenants (API keys and limits) from the config file, without a restart.
-    A file that does not validate changes nothing."""
+    """SIGHUP: the tenants (API keys and limits) and the admin keys from the config file,
+    without a restart. A file that does not validate changes nothing."""
     try:
         new = load_config(config_path)
     except ConfigError as e:
         log.error("reload of %s refused, nothing changed: %s", config_path, e)
         return
-    others = runtime.reload_tenants(new)
-    log.warning("reloaded tenants from %s: %d tenant(s)", config_path, len(new.tenants))
+    others = runtime.reload_keys(new)
+    log.warning(
+        "reloaded tenants and admin keys from %s: %d tenant(s), %d admin key(s)",
+        config_path,
+        len(new.tenants),
+        len(new.admin.api_keys),
+    )
     if others:
         log.warning("changed sections need a restart and were not applied: %s", others)
 

@@ -2,6 +2,11 @@
 
 Each route is given what it reads (the pool, the store, the metrics) when the app is made
 from a built `Runtime`; nothing looks the runtime up per request.
+
+Who may read what: `/health` and `/ready` are open and name no engine (load balancers and
+orchestrators probe them without credentials); `/v1/models` needs a tenant's key when tenants
+are configured, as the completions do; `/admin/*` and `/metrics` pass the `AdminGate` (an
+admin key, see `AdminConfig`).
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ from gateway import status
 from gateway.errors import GatewayError
 from gateway.exchange import PATHS
 from gateway.http.completions import BodyLimits, CompletionsEndpoint
-from gateway.http.errors import error_response_parts, log_error
+from gateway.http.errors import EngineNames, error_response_parts, log_error
 from gateway.http.request_ids import request_id as request_id_of
 from gateway.runtime import Runtime
 
@@ -35,8 +40,17 @@ Handler = Callable[[Request], Awaitable[Response]]
 def _routes(runtime: Runtime) -> list[Route]:
     pool, store, metrics = runtime.pool, runtime.store, runtime.metrics
     kv_ceiling = runtime.cfg.admission.kv_ceiling
+    auth, admin = runtime.auth, runtime.admin
+
+    def for_admins(handler: Handler) -> Handler:
+        async def checked(request: Request) -> Response:
+            admin.check(request.headers.get("authorization"))
+            return await handler(request)
+
+        return checked
 
     async def list_models(request: Request) -> Response:
+        auth.tenant(request.headers.get("authorization"))
         data = [
             {
                 "id": name,
@@ -55,9 +69,16 @@ def _routes(runtime: Runtime) -> list[Route]:
         return JSONResponse({"status": "ok"})
 
     async def ready(request: Request) -> Response:
-        """Ready when every served model has at least one healthy engine."""
-        models = {m: [e.spec.name for e in pool.serving(m) if e.healthy] for m in pool.models()}
-        missing = sorted(m for m, engines in models.items() if not engines)
+        """Ready when every served model has at least one healthy engine. Open to anyone:
+        counts only, no engine names or addresses."""
+        models = {
+            m: {
+                "healthy_engines": sum(e.healthy for e in pool.serving(m)),
+                "engines": len(pool.serving(m)),
+            }
+            for m in pool.models()
+        }
+        missing = sorted(m for m, counts in models.items() if not counts["healthy_engines"])
         body = {
             "status": "not ready" if missing else "ready",
             "models": models,
@@ -77,8 +98,8 @@ def _routes(runtime: Runtime) -> list[Route]:
         ("/v1/models", list_models),
         ("/health", health),
         ("/ready", ready),
-        ("/metrics", metrics_page),
-        ("/admin/status", admin_status),
+        ("/metrics", for_admins(metrics_page)),
+        ("/admin/status", for_admins(admin_status)),
     ]
     return [Route(path, handler, methods=["GET"]) for path, handler in get]
 
@@ -140,8 +161,9 @@ def create_app(runtime: Runtime) -> GatewayApp:
         max_bytes=runtime.cfg.upstream.max_body_bytes,
         max_json_depth=runtime.cfg.clients.max_json_depth,
     )
+    names = EngineNames.of(runtime.cfg.engines)
     hot = {
-        path: CompletionsEndpoint(kind, runtime.exchanges, runtime.auth, limits)
+        path: CompletionsEndpoint(kind, runtime.exchanges, runtime.auth, limits, names)
         for kind, path in PATHS.items()
     }
     routes = [

@@ -22,7 +22,14 @@ from starlette.types import Receive, Scope, Send
 from gateway.auth import Authenticator
 from gateway.errors import GatewayError, PayloadTooLarge, RateLimited
 from gateway.exchange import Exchange, Exchanges
-from gateway.http.errors import log_error, rate_limit_headers, send_error, sse_error_event
+from gateway.http.errors import (
+    NO_NAMES,
+    EngineNames,
+    log_error,
+    rate_limit_headers,
+    send_error,
+    sse_error_event,
+)
 from gateway.http.request_ids import request_id as request_id_of
 from gateway.request import DEFAULT_MAX_DEPTH, Kind, parse_body
 
@@ -42,13 +49,21 @@ class BodyLimits:
 
 
 class CompletionsEndpoint:
+    """`names`: which engine names clients may read (`EngineNames`)."""
+
     def __init__(
-        self, kind: Kind, exchanges: Exchanges, auth: Authenticator, limits: BodyLimits
+        self,
+        kind: Kind,
+        exchanges: Exchanges,
+        auth: Authenticator,
+        limits: BodyLimits,
+        names: EngineNames = NO_NAMES,
     ) -> None:
         self.kind = kind
         self.exchanges = exchanges
         self.auth = auth
         self.limits = limits
+        self.names = names
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         request_id = request_id_of(scope)
@@ -84,9 +99,10 @@ class CompletionsEndpoint:
             headers = [
                 *answer.headers,
                 (b"x-request-id", request_id.encode()),
-                (b"x-kv-gateway-engine", answer.engine.encode()),
                 *rate_limit_headers(answer.rates),
             ]
+            if answer.engine in self.names.shown:
+                headers.append((b"x-kv-gateway-engine", answer.engine.encode()))
             await send({"type": "http.response.start", "status": answer.status, "headers": headers})
             started = True
             async for chunk in exchange.relay():
@@ -100,22 +116,24 @@ class CompletionsEndpoint:
                     (k.decode(), v.decode())
                     for k, v in rate_limit_headers(await exchange.rate_limits())
                 )
-            await _fail(send, e, exchange, started)
+            await _fail(send, e, exchange, started, self.names)
         except OSError as e:  # the client's socket broke while we sent
             log.info("request %s: connection lost: %s", request_id, type(e).__name__)
         except Exception:
             internal = GatewayError("internal error in the gateway; see its log")
             exchange.fail(internal)
             log.exception("request %s failed", request_id)
-            await _fail(send, internal, exchange, started)
+            await _fail(send, internal, exchange, started, self.names)
         finally:
             await exchange.settle()
 
 
-async def _fail(send: Send, error: GatewayError, exchange: Exchange, started: bool) -> None:
+async def _fail(
+    send: Send, error: GatewayError, exchange: Exchange, started: bool, names: EngineNames
+) -> None:
     with contextlib.suppress(OSError):
         if not started:
-            await send_error(send, error, exchange.request_id)
+            await send_error(send, error, exchange.request_id, names)
         elif exchange.streaming:
             event = sse_error_event(error, exchange.request_id)
             await send({"type": "http.response.body", "body": event, "more_body": False})

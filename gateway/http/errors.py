@@ -12,9 +12,12 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 
 from starlette.types import Send
 
+from gateway.config import EngineConfig
 from gateway.core.tenants import RateLimitValues
 from gateway.errors import GatewayError
 
@@ -31,14 +34,44 @@ PUBLIC_MESSAGES = {
 PUBLIC_FALLBACK = "The gateway could not serve this request."
 
 
-def public_body(error: GatewayError, request_id: str) -> dict[str, object]:
+@dataclass(frozen=True)
+class EngineNames:
+    """What clients may read of engine names. An engine configured without a `name` is
+    named by its `host:port`: such names are replaced by an alias (`#1`, `#2`, … in config
+    order) in the messages clients read, and never sent as `x-kv-gateway-engine`."""
+
+    shown: frozenset[str] = frozenset()
+    aliases: Mapping[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, engines: Sequence[EngineConfig]) -> EngineNames:
+        unnamed = [e.display_name for e in engines if e.name is None]
+        return cls(
+            shown=frozenset(e.name for e in engines if e.name is not None),
+            aliases={name: f"#{i}" for i, name in enumerate(unnamed, 1)},
+        )
+
+    def scrub(self, text: str) -> str:
+        for name, alias in self.aliases.items():
+            text = text.replace(name, alias)
+        return text
+
+
+NO_NAMES = EngineNames()
+
+
+def public_body(
+    error: GatewayError, request_id: str, names: EngineNames = NO_NAMES
+) -> dict[str, object]:
     """`error` as the client may see it (see the module docstring)."""
     body = error.body()
+    inner = body["error"]
+    assert isinstance(inner, dict)
     if error.status >= 500:
         text = PUBLIC_MESSAGES.get(error.code or "", PUBLIC_FALLBACK)
-        inner = body["error"]
-        assert isinstance(inner, dict)
         inner["message"] = f"{text} (request id {request_id}; details in the gateway's log)"
+    else:  # e.g. "engine '10.0.0.7:8000' admits at most 120 blocks" (a 400)
+        inner["message"] = names.scrub(error.message)
     return body
 
 
@@ -50,9 +83,9 @@ def log_error(error: GatewayError, request_id: str) -> None:
 
 
 def error_response_parts(
-    error: GatewayError, request_id: str
+    error: GatewayError, request_id: str, names: EngineNames = NO_NAMES
 ) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
-    body = json.dumps(public_body(error, request_id)).encode()
+    body = json.dumps(public_body(error, request_id, names)).encode()
     headers = [
         (b"content-type", b"application/json"),
         (b"content-length", str(len(body)).encode()),
@@ -62,8 +95,10 @@ def error_response_parts(
     return error.status, headers, body
 
 
-async def send_error(send: Send, error: GatewayError, request_id: str) -> None:
-    status, headers, body = error_response_parts(error, request_id)
+async def send_error(
+    send: Send, error: GatewayError, request_id: str, names: EngineNames = NO_NAMES
+) -> None:
+    status, headers, body = error_response_parts(error, request_id, names)
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body, "more_body": False})
 

@@ -18,6 +18,7 @@ from gateway.http.app import create_app
 from gateway.runtime import Runtime, build_runtime
 from gateway.sim.server import SimConfig
 from gateway.sim.server import create_app as create_sim_app
+from tests.admin import ADMIN_HEADERS, with_admin
 
 FAST = SimConfig(
     served_model_name="tiny",
@@ -47,7 +48,7 @@ class Gateway:
 
     async def status(self) -> dict[str, Any]:
         async with httpx.AsyncClient() as client:
-            return (await client.get(self.url + "/admin/status")).json()
+            return (await client.get(self.url + "/admin/status", headers=ADMIN_HEADERS)).json()
 
     async def reserved_blocks_settle(self, within_s: float = 2.0) -> list[int]:
         """Each engine's reserved blocks once all are 0, or as they stand after `within_s`
@@ -77,7 +78,7 @@ async def gateway_over(sims: list[SimConfig], **overrides: Any) -> AsyncIterator
         }
         for key, value in overrides.items():
             raw[key] = value
-        cfg = parse_config(raw)
+        cfg = parse_config(with_admin(raw))
         runtime = await build_runtime(cfg)
         url = await stack.enter_async_context(running_app(create_app(runtime)))
         yield Gateway(url, runtime, engines)

@@ -13,6 +13,7 @@ from gateway.embedded import running_app
 from gateway.harness import GatewayProcess, SimProcess
 from gateway.http.app import create_app
 from gateway.runtime import build_runtime
+from tests.admin import ADMIN_HEADERS, with_admin
 
 SIM = dict(
     block_size=16,
@@ -34,7 +35,7 @@ async def gateway(engines, **overrides):
         "routing": {"seed": 1},
     }
     raw.update(overrides)
-    cfg = parse_config(raw)
+    cfg = parse_config(with_admin(raw))
     runtime = await build_runtime(cfg)
     async with running_app(create_app(runtime)) as url:
         yield url, runtime
@@ -52,7 +53,10 @@ async def sims(*flag_sets):
 
 
 async def status(http, url):
-    return {e["name"]: e for e in (await http.get(url + "/admin/status")).json()["engines"]}
+    return {
+        e["name"]: e
+        for e in (await http.get(url + "/admin/status", headers=ADMIN_HEADERS)).json()["engines"]
+    }
 
 
 async def test_urls_only_config_works_end_to_end():

@@ -15,6 +15,7 @@ from gateway.embedded import running_app
 from gateway.harness import free_port
 from gateway.http.app import create_app
 from gateway.runtime import build_runtime
+from tests.admin import ADMIN_HEADERS
 from tests.integration.scripted_engine import engine_app, gateway_in_front, tenant_with_key
 
 
@@ -47,7 +48,7 @@ def gateway(**raw):
 
 
 async def reserved(http, url):
-    status = (await http.get(url + "/admin/status")).json()
+    status = (await http.get(url + "/admin/status", headers=ADMIN_HEADERS)).json()
     return status["engines"][0]["reserved_blocks"]
 
 
