@@ -160,6 +160,17 @@ class ClientsConfig(_Strict):
 
     # Deepest nesting of a JSON body (`[]` and `{}` count one level each); deeper is a 400.
     max_json_depth: int = Field(default=64, ge=4, le=512)
+    # A request's headers must be complete within this of the connection opening (or of the
+    # previous answer's end on a kept-alive connection): else 408, or a quiet close when
+    # nothing was sent.
+    header_timeout_s: float = Field(default=10.0, gt=0)
+    # A request's body must be complete within this of its headers: else 408.
+    body_timeout_s: float = Field(default=60.0, gt=0)
+    # Client connections open at once; one more is answered 503 too_many_connections.
+    max_connections: int = Field(default=1000, gt=0)
+    # The same from one client address; null = no such cap (behind a load balancer every
+    # client has the balancer's address).
+    max_connections_per_address: PositiveInt | None = None
 
 
 DIGEST_PREFIX = "sha256:"

@@ -14,6 +14,7 @@ import json
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from http import HTTPStatus
 
 from starlette.types import Send
 
@@ -93,6 +94,16 @@ def error_response_parts(
     ]
     headers += [(k.encode(), v.encode()) for k, v in error.headers.items()]
     return error.status, headers, body
+
+
+def raw_response(error: GatewayError, request_id: str) -> bytes:
+    """`error` as a whole HTTP/1.1 response that closes the connection, for answers the
+    server writes itself, before or instead of the app (a connection over a cap, a client
+    too slow to send its request)."""
+    status, headers, body = error_response_parts(error, request_id)
+    reason = HTTPStatus(status).phrase.encode()
+    lines = [b"HTTP/1.1 %d %s" % (status, reason), *(k + b": " + v for k, v in headers)]
+    return b"\r\n".join([*lines, b"connection: close", b"", body])
 
 
 async def send_error(

@@ -15,6 +15,7 @@ import pytest
 from gateway.config import parse_config
 from gateway.embedded import running_app
 from gateway.http.app import create_app
+from gateway.http.listener import protocol_for
 from gateway.runtime import Runtime, build_runtime
 from gateway.sim.server import SimConfig
 from gateway.sim.server import create_app as create_sim_app
@@ -80,7 +81,8 @@ async def gateway_over(sims: list[SimConfig], **overrides: Any) -> AsyncIterator
             raw[key] = value
         cfg = parse_config(with_admin(raw))
         runtime = await build_runtime(cfg)
-        url = await stack.enter_async_context(running_app(create_app(runtime)))
+        listener = protocol_for(cfg.clients, runtime.metrics)
+        url = await stack.enter_async_context(running_app(create_app(runtime), http=listener))
         yield Gateway(url, runtime, engines)
 
 
