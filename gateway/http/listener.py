@@ -121,6 +121,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._address: str | None = None  # counted in the ledger under this
         self._request_begun = False
         self._timer: asyncio.TimerHandle | None = None
+        self._timing = ""  # what `_timer` times: "headers" or "body"
 
     # -- connection --------------------------------------------------------------------------
 
@@ -136,7 +137,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             )
             self._answer_and_close(error)
             return
-        self._arm(self.limits.header_timeout_s, self._headers_late)
+        self._arm("headers", self.limits.header_timeout_s, self._headers_late)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
@@ -152,11 +153,13 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         super().on_message_begin()
 
     def on_headers_complete(self) -> None:
-        self._arm(self.limits.body_timeout_s, self._body_late)
+        self._arm("body", self.limits.body_timeout_s, self._body_late)
         super().on_headers_complete()
 
     def on_message_complete(self) -> None:
-        self._disarm()
+        # Only the body's timer: an answer may have ended before the body did (a 413), and
+        # then the next request's headers are already being timed.
+        self._disarm("body")
         super().on_message_complete()
 
     def on_response_complete(self) -> None:
@@ -165,16 +168,17 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         # request already read is running: its headers are in.)
         if not self.transport.is_closing() and not self.pipeline:
             self._request_begun = False
-            self._arm(self.limits.header_timeout_s, self._headers_late)
+            self._arm("headers", self.limits.header_timeout_s, self._headers_late)
 
     # -- timers ------------------------------------------------------------------------------
 
-    def _arm(self, delay: float, callback: Any) -> None:
+    def _arm(self, timing: str, delay: float, callback: Any) -> None:
         self._disarm()
-        self._timer = self.loop.call_later(delay, callback)
+        self._timer, self._timing = self.loop.call_later(delay, callback), timing
 
-    def _disarm(self) -> None:
-        if self._timer is not None:
+    def _disarm(self, timing: str | None = None) -> None:
+        """Cancel the timer (only if it times `timing`, when given)."""
+        if self._timer is not None and timing in (None, self._timing):
             self._timer.cancel()
             self._timer = None
 

@@ -124,3 +124,21 @@ async def test_the_overall_cap():
         writer.close()
         for _, w in held:
             w.close()
+
+
+async def test_headers_are_timed_after_an_answer_that_ended_before_its_body():
+    """A 413 is answered while the body still arrives; the next request on that connection
+    is timed all the same."""
+    upstream = {"max_body_bytes": 100}
+    async with gateway_over([FAST], clients=CLIENTS, upstream=upstream) as gw:
+        reader, writer = await connect(gw.url)
+        writer.write(HEAD + b"content-length: 300\r\n\r\n" + b" " * 150)
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), timeout=MARGIN_S)
+        assert head.startswith(b"HTTP/1.1 413 "), head
+        length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+        await reader.readexactly(length)
+        writer.write(b" " * 150)  # the body ends after its answer
+        writer.write(HEAD)
+        answer, _ = await trickle_until_cut(reader, writer, b"x-slow: 1\r\n")
+        writer.close()
+        assert answer.startswith(b"HTTP/1.1 408 "), answer
