@@ -3,7 +3,9 @@
     .venv/bin/python benchmarks/bench_fairness.py [--seconds 3600] [--seeds 1-5]
                                                 [--burst-blocks 32] [--headroom 0.2]
                                                 [--kv-share-variant]
-    .venv/bin/python benchmarks/bench_fairness.py --wakeup [--redis-url redis://127.0.0.1:6379/0]
+    .venv/bin/python benchmarks/bench_fairness.py --wakeup [--redis-url URL]
+
+(`--wakeup` measures a private redis-server on a free port unless `--redis-url` names one.)
 
 Prints figures; asserts nothing about timing. The same `InMemoryStore` the gateway runs
 (`gateway.core.fairqueue` order with its burst credit, `gateway.core.headroom`, no
@@ -450,7 +452,9 @@ def main() -> None:
         "--kv-share-variant", action="store_true", help="add the 10x run with kv_share 0.7"
     )
     parser.add_argument("--wakeup", action="store_true", help="measure Redis wake-up instead")
-    parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/0")
+    parser.add_argument(
+        "--redis-url", help="the Redis to measure (default: a private redis-server on a free port)"
+    )
     parser.add_argument("--trials", type=int, default=500)
     args = parser.parse_args()
     print(
@@ -458,7 +462,13 @@ def main() -> None:
         f" Python {platform.python_version()}"
     )
     if args.wakeup:
-        asyncio.run(wakeup(args.redis_url, args.trials))
+        if args.redis_url:
+            asyncio.run(wakeup(args.redis_url, args.trials))
+        else:
+            from gateway.harness import RedisServer
+
+            with RedisServer() as private:
+                asyncio.run(wakeup(private.url, args.trials))
         return
     print(
         f"engine: 100 blocks; holds exponential, mean {MEAN_HOLD_S} s; {args.seconds:g} s"

@@ -173,6 +173,25 @@ class UpstreamConfig(_Strict):
     max_body_bytes: int = Field(default=16 * 1024 * 1024, gt=0)
 
 
+class ClientsConfig(_Strict):
+    """What the gateway accepts from its clients (the upstream section's `max_body_bytes`
+    bounds a body's size)."""
+
+    # Deepest nesting of a JSON body (`[]` and `{}` count one level each); deeper is a 400.
+    max_json_depth: int = Field(default=64, ge=4, le=512)
+    # A request's headers must be complete within this of the connection opening (or of the
+    # previous answer's end on a kept-alive connection): else 408, or a quiet close when
+    # nothing was sent.
+    header_timeout_s: float = Field(default=10.0, gt=0)
+    # A request's body must be complete within this of its headers: else 408.
+    body_timeout_s: float = Field(default=60.0, gt=0)
+    # Client connections open at once; one more is answered 503 too_many_connections.
+    max_connections: int = Field(default=1000, gt=0)
+    # The same from one client address; null = no such cap (behind a load balancer every
+    # client has the balancer's address).
+    max_connections_per_address: PositiveInt | None = None
+
+
 DIGEST_PREFIX = "sha256:"
 
 
@@ -192,16 +211,37 @@ class TenantConfig(_Strict):
     @field_validator("api_keys")
     @classmethod
     def _digests(cls, keys: list[str]) -> list[str]:
-        out = []
-        for key in keys:
-            digest = key.removeprefix(DIGEST_PREFIX).lower()
-            if len(digest) != 64 or any(c not in "0123456789abcdef" for c in digest):
-                raise ValueError(
-                    "api_keys are sha256 digests (64 hex digits, optionally 'sha256:'-prefixed); "
-                    "make one with `kv-gateway hash-key`"
-                )
-            out.append(digest)
-        return out
+        return _digests(keys)
+
+
+def _digests(keys: list[str]) -> list[str]:
+    out = []
+    for key in keys:
+        digest = key.removeprefix(DIGEST_PREFIX).lower()
+        if len(digest) != 64 or any(c not in "0123456789abcdef" for c in digest):
+            raise ValueError(
+                "api_keys are sha256 digests (64 hex digits, optionally 'sha256:'-prefixed); "
+                "make one with `kv-gateway hash-key`"
+            )
+        out.append(digest)
+    return out
+
+
+class AdminConfig(_Strict):
+    """Who may read the admin surface: `/admin/*` and `/metrics`.
+
+    With keys, a request there needs `Authorization: Bearer <one of them>`. Without keys the
+    surface is open when no tenants are configured (anyone may call the API anyway: the demo,
+    a trusted network), and closed (403) when tenants are: their keys say the API is not
+    public, and the admin surface names engines, addresses and every tenant's load.
+    """
+
+    api_keys: list[str] = Field(default_factory=list)  # sha256 digests, as tenants'
+
+    @field_validator("api_keys")
+    @classmethod
+    def _digests(cls, keys: list[str]) -> list[str]:
+        return _digests(keys)
 
 
 class RedisConfig(_Strict):
@@ -243,7 +283,9 @@ class GatewayConfig(_Strict):
     routing: RoutingConfig = RoutingConfig()
     upstream: UpstreamConfig = UpstreamConfig()
     health: HealthConfig = HealthConfig()
+    clients: ClientsConfig = ClientsConfig()
     tenants: list[TenantConfig] = Field(default_factory=list)
+    admin: AdminConfig = AdminConfig()
     redis: RedisConfig | None = None
 
     @model_validator(mode="after")
@@ -263,6 +305,8 @@ class GatewayConfig(_Strict):
         keys = [k for t in self.tenants for k in t.api_keys]
         if len(keys) != len(set(keys)):
             raise ValueError("an API key digest is listed for more than one tenant")
+        if set(keys) & set(self.admin.api_keys):
+            raise ValueError("an admin key digest is also a tenant's: give admins their own keys")
         return self
 
     def tokenizer_for(self, model: str) -> str:

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 from gateway.config import GatewayConfig, parse_config
 from gateway.embedded import running_app
 from gateway.http.app import create_app
+from gateway.http.listener import protocol_for
 from gateway.runtime import build_runtime
 from gateway.serve import configure_logging
 
@@ -116,7 +117,12 @@ async def run_demo(host: str, port: int) -> None:
         cfg = demo_config(engines)
         runtime = await build_runtime(cfg)
         url = await stack.enter_async_context(
-            running_app(create_app(runtime), host=host, port=port)
+            running_app(
+                create_app(runtime),
+                host=host,
+                port=port,
+                http=protocol_for(cfg.clients, runtime.metrics),
+            )
         )
         print(banner(url, engines, cfg), flush=True)
         await stop.wait()

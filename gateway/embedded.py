@@ -26,9 +26,15 @@ class EmbeddedServer(uvicorn.Server):
 
 @contextlib.asynccontextmanager
 async def running_app(
-    app: ASGIApp, *, host: str = "127.0.0.1", port: int = 0, log_level: str = "warning"
+    app: ASGIApp,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    log_level: str = "warning",
+    http: type[asyncio.Protocol] | str = "auto",
 ) -> AsyncIterator[str]:
     """Serve `app` on `host:port` (0: a free port) until the block exits; yields its base URL.
+    `http`: uvicorn's HTTP protocol (the gateway's is `gateway.http.listener.protocol_for`).
 
     The app's lifespan runs: a start-up failure is raised here.
     """
@@ -43,7 +49,7 @@ async def running_app(
         raise
     bound = sock.getsockname()[1]
     server = EmbeddedServer(
-        uvicorn.Config(app, log_level=log_level, lifespan="on", access_log=False)
+        uvicorn.Config(app, log_level=log_level, lifespan="on", access_log=False, http=http)
     )
     task = asyncio.create_task(server.serve(sockets=[sock]), name=f"embedded:{bound}")
     try:

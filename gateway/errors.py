@@ -61,6 +61,12 @@ class Unauthorized(GatewayError):
     code = "invalid_api_key"
 
 
+class Forbidden(GatewayError):
+    status = 403
+    type = "permission_error"
+    code = "forbidden"
+
+
 class ModelNotFound(GatewayError):
     status = 404
     type = "invalid_request_error"

@@ -44,6 +44,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Protocol
@@ -135,6 +136,7 @@ class Exchanges:
         pool: EnginePool,
         metrics: GatewayMetrics,
         clock: Callable[[], float] = time.monotonic,
+        suffix: Callable[[], str] = lambda: uuid.uuid4().hex[:16],
     ) -> None:
         self.service = service
         self.upstream = upstream
@@ -142,6 +144,7 @@ class Exchanges:
         self.pool = pool
         self.metrics = metrics
         self.clock = clock
+        self.suffix = suffix
 
     def start(self, kind: Kind, request_id: str) -> Exchange:
         return Exchange(self, kind, request_id)
@@ -315,10 +318,15 @@ class Exchange:
         return again
 
     async def _send(self, engine: EngineSpec, body: bytes) -> UpstreamAnswer:
+        # vLLM bases its own request id on x-request-id: recent versions add a suffix, older
+        # ones refuse an id already in flight (two clients, or one retrying, may send the same
+        # id). The engine gets one no other request has: ours plus a suffix per attempt.
+        engine_id = f"{self.request_id}-{self._desk.suffix()}"
+        log.debug("request %s: sent to engine %s as %s", self.request_id, engine.name, engine_id)
         headers = {
             "content-type": "application/json",
             "accept-encoding": "identity",
-            "x-request-id": self.request_id,
+            "x-request-id": engine_id,
         }
         return await self._desk.upstream.open(
             engine.url, PATHS[self.kind], body, headers, streaming=self.streaming

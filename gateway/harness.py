@@ -248,7 +248,8 @@ class SimProcess(Child):
 
 class GatewayProcess(Child):
     """`kv-gateway serve` (the installed console script, as users run it) from a config
-    mapping written as YAML; ready once `/ready` answers 200 (every model has an engine)."""
+    mapping written as YAML; ready once `/ready` answers 200 (every model has an engine).
+    `admin_key`: the plaintext of one of the config's `admin.api_keys`, for `status()`."""
 
     what = "gateway"
 
@@ -263,8 +264,10 @@ class GatewayProcess(Child):
         startup_timeout_s: float = 60.0,
         own_session: bool = False,
         env: Mapping[str, str] | None = None,
+        admin_key: str | None = None,
     ) -> None:
         port = port or free_port()
+        self.admin_key = admin_key
         super().__init__(
             [],
             port=port,
@@ -282,7 +285,8 @@ class GatewayProcess(Child):
 
     def status(self) -> dict[str, Any]:
         """`/admin/status` (blocking)."""
-        response = httpx.get(self.url + "/admin/status", timeout=10)
+        headers = {"authorization": f"Bearer {self.admin_key}"} if self.admin_key else {}
+        response = httpx.get(self.url + "/admin/status", headers=headers, timeout=10)
         response.raise_for_status()
         body: dict[str, Any] = response.json()
         return body

@@ -127,6 +127,20 @@ class GatewayMetrics:
             registry=self.registry,
         )
 
+        self.client_connections = Gauge(
+            "kv_gateway_client_connections",
+            "Client connections open now (clients.max_connections caps them).",
+            registry=self.registry,
+        )
+        self.client_cutoffs = Counter(
+            "kv_gateway_client_cutoffs",
+            "Client connections the listener ended: too slow to send the request headers "
+            "(header_timeout) or body (body_timeout), or over a connection cap "
+            "(too_many_connections).",
+            ["reason"],
+            registry=self.registry,
+        )
+
     async def render(
         self,
         store: StateStore,

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from urllib.parse import urlsplit, urlunsplit
 
-from gateway.auth import Authenticator
+from gateway.auth import AdminGate, Authenticator
 from gateway.config import ConfigError, GatewayConfig
 from gateway.core.retry import ReleaseRate
 from gateway.core.routing import Router
@@ -46,19 +46,22 @@ class Runtime:
     scheduler: Scheduler
     service: Service
     auth: Authenticator
+    admin: AdminGate
     monitor: EngineMonitor
     metrics: GatewayMetrics
     exchanges: Exchanges
 
-    def reload_tenants(self, new: GatewayConfig) -> list[str]:
-        """Take `new`'s tenants (keys and limits) for the requests that arrive from now on;
-        requests already admitted keep what they were admitted under. Returns the other
-        top-level sections that differ from the running configuration: they need a
-        restart and are left as they are."""
+    def reload_keys(self, new: GatewayConfig) -> list[str]:
+        """Take `new`'s tenants (keys and limits) and admin keys for the requests that arrive
+        from now on; requests already admitted keep what they were admitted under. Returns
+        the other top-level sections that differ from the running configuration: they need
+        a restart and are left as they are."""
         self.auth.load(new.tenants)
-        self.cfg = self.cfg.model_copy(update={"tenants": new.tenants})
+        self.admin.load(new.admin, new.tenants)
+        self.cfg = self.cfg.model_copy(update={"tenants": new.tenants, "admin": new.admin})
         running, wanted = self.cfg.model_dump(), new.model_dump()
-        return sorted(k for k in wanted if k != "tenants" and wanted[k] != running.get(k))
+        applied = ("tenants", "admin")
+        return sorted(k for k in wanted if k not in applied and wanted[k] != running.get(k))
 
     async def aclose(self) -> None:
         await self.monitor.stop()
@@ -180,6 +183,14 @@ def _assemble(
     exchanges = Exchanges(
         service=service, upstream=upstream, ejector=monitor, pool=pool, metrics=metrics
     )
+    admin = AdminGate(cfg.admin, cfg.tenants)
+    if admin.state == "closed":
+        log.warning(
+            "admin surface (/admin/*, /metrics) closed: tenants are configured and "
+            "admin.api_keys is not; configure admin keys to read it"
+        )
+    else:
+        log.info("admin surface (/admin/*, /metrics): %s", admin.state)
     monitor.start()
     return Runtime(
         cfg=cfg,
@@ -189,6 +200,7 @@ def _assemble(
         scheduler=scheduler,
         service=service,
         auth=Authenticator(cfg.tenants),
+        admin=admin,
         monitor=monitor,
         metrics=metrics,
         exchanges=exchanges,

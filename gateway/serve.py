@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import logging
+import resource
 import signal
 import sys
 
@@ -14,6 +16,7 @@ from gateway.config import ConfigError, GatewayConfig, load_config
 from gateway.embedded import EmbeddedServer
 from gateway.engines.discovery import DiscoveryError
 from gateway.http.app import create_app
+from gateway.http.listener import protocol_for
 from gateway.runtime import Runtime, build_runtime
 
 log = logging.getLogger("gateway")
@@ -34,12 +37,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+# Libraries that log a line per HTTP call at info: the engine probes alone would write two
+# lines per engine per second. Shown at debug only.
+CHATTY_LIBRARIES = ("httpx", "httpcore")
+
+
 def configure_logging(level: str) -> None:
     logging.basicConfig(
         level=level.upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
+    quiet = level.lower() != "debug"
+    for name in CHATTY_LIBRARIES:
+        logging.getLogger(name).setLevel(logging.WARNING if quiet else logging.NOTSET)
 
 
 async def serve(
@@ -54,6 +65,7 @@ async def serve(
     requests). SIGHUP reads `config_path` again and applies its `tenants:`."""
     runtime = await build_runtime(cfg)
     app = create_app(runtime)
+    _check_file_limit(cfg)
     server = EmbeddedServer(
         uvicorn.Config(
             app,
@@ -62,6 +74,7 @@ async def serve(
             log_level=log_level,
             lifespan="on",
             timeout_graceful_shutdown=max(1, round(drain_s)),
+            http=protocol_for(cfg.clients, runtime.metrics),
         )
     )
     loop = asyncio.get_running_loop()
@@ -73,16 +86,40 @@ async def serve(
     await server.serve()
 
 
+def _check_file_limit(cfg: GatewayConfig) -> None:
+    """Client connections, pooled engine connections and a margin must fit the process's
+    file descriptors, or accept() fails before the connection cap can answer 503."""
+    needed = cfg.clients.max_connections + cfg.upstream.max_connections + 64
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and soft < needed:
+        raised = needed if hard == resource.RLIM_INFINITY else min(hard, needed)
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (raised, hard))
+            soft = raised
+    if soft != resource.RLIM_INFINITY and soft < needed:
+        log.warning(
+            "open files limited to %d, below clients.max_connections + "
+            "upstream.max_connections + 64 = %d: raise `ulimit -n` or lower them",
+            soft,
+            needed,
+        )
+
+
 def _reload(config_path: str, runtime: Runtime) -> None:
-    """SIGHUP: the tenants (API keys and limits) from the config file, without a restart.
-    A file that does not validate changes nothing."""
+    """SIGHUP: the tenants (API keys and limits) and the admin keys from the config file,
+    without a restart. A file that does not validate changes nothing."""
     try:
         new = load_config(config_path)
     except ConfigError as e:
         log.error("reload of %s refused, nothing changed: %s", config_path, e)
         return
-    others = runtime.reload_tenants(new)
-    log.warning("reloaded tenants from %s: %d tenant(s)", config_path, len(new.tenants))
+    others = runtime.reload_keys(new)
+    log.warning(
+        "reloaded tenants and admin keys from %s: %d tenant(s), %d admin key(s)",
+        config_path,
+        len(new.tenants),
+        len(new.admin.api_keys),
+    )
     if others:
         log.warning("changed sections need a restart and were not applied: %s", others)
 

@@ -115,17 +115,19 @@ class EngineMonitor:
             if state.healthy and busy:
                 # Its answers kept arriving meanwhile, new ones included: busy, not hung. The
                 # last snapshot stays (admission still counts its own reservations on top).
-                log.info(
+                log.debug(
                     "engine %s: probe slower than %g s while serving", name, self.cfg.timeout_s
                 )
                 state.suspect = 0
                 return
             # A slow answer may be a busy engine: eject only after several in a row.
             state.suspect += 1
+            log.debug("engine %s: probe timed out (%d in a row)", name, state.suspect)
             if not state.healthy or state.suspect >= self.cfg.timeouts_to_eject:
                 self.eject(name, f"no answer within {self.cfg.timeout_s:g} s ({state.suspect}×)")
             return
         except (httpx.HTTPError, DiscoveryError) as e:
+            log.debug("engine %s: probe failed: %s: %s", name, type(e).__name__, e)
             self.eject(name, f"{type(e).__name__}: {e}")
             return
         was_healthy = state.healthy

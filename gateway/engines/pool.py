@@ -136,7 +136,7 @@ class EnginePool:
     def mark_healthy(self, name: str) -> None:
         e = self._engines[name]
         if not e.healthy:
-            log.warning("engine %s readmitted after %d failed probe(s)", name, e.failures)
+            log.info("engine %s readmitted after %d failed probe(s)", name, e.failures)
         e.healthy = True
         e.failures = 0
         e.last_error = None
@@ -152,9 +152,13 @@ class EnginePool:
             changed["max_num_seqs"] = per_rank * changed["dp_size"]
         if not changed:
             return
-        for key, value in changed.items():
-            log.warning(
-                "engine %s: %s changed %s → %s (%s)", name, key, getattr(e.spec, key), value, source
-            )
+        # One line per change of the engine's figures, however many of them changed.
+        log.info(
+            "engine %s: %s (%s)",
+            name,
+            ", ".join(f"{k} changed {getattr(e.spec, k)} → {v}" for k, v in changed.items()),
+            source,
+        )
+        for key in changed:
             e.sources[key] = source
         e.spec = dataclasses.replace(e.spec, **changed)

@@ -2,6 +2,11 @@
 
 Each route is given what it reads (the pool, the store, the metrics) when the app is made
 from a built `Runtime`; nothing looks the runtime up per request.
+
+Who may read what: `/health` and `/ready` are open and name no engine (load balancers and
+orchestrators probe them without credentials); `/v1/models` needs a tenant's key when tenants
+are configured, as the completions do; `/admin/*` and `/metrics` pass the `AdminGate` (an
+admin key, see `AdminConfig`).
 """
 
 from __future__ import annotations
@@ -21,7 +26,10 @@ from starlette.types import Receive, Scope, Send
 
 from gateway import status
 from gateway.errors import GatewayError
-from gateway.http.completions import CompletionsEndpoint
+from gateway.exchange import PATHS
+from gateway.http.completions import BodyLimits, CompletionsEndpoint
+from gateway.http.errors import EngineNames, error_response_parts, log_error
+from gateway.http.request_ids import request_id as request_id_of
 from gateway.runtime import Runtime
 
 _STARTED = int(time.time())
@@ -32,8 +40,17 @@ Handler = Callable[[Request], Awaitable[Response]]
 def _routes(runtime: Runtime) -> list[Route]:
     pool, store, metrics = runtime.pool, runtime.store, runtime.metrics
     kv_ceiling = runtime.cfg.admission.kv_ceiling
+    auth, admin = runtime.auth, runtime.admin
+
+    def for_admins(handler: Handler) -> Handler:
+        async def checked(request: Request) -> Response:
+            admin.check(request.headers.get("authorization"))
+            return await handler(request)
+
+        return checked
 
     async def list_models(request: Request) -> Response:
+        auth.tenant(request.headers.get("authorization"))
         data = [
             {
                 "id": name,
@@ -52,9 +69,16 @@ def _routes(runtime: Runtime) -> list[Route]:
         return JSONResponse({"status": "ok"})
 
     async def ready(request: Request) -> Response:
-        """Ready when every served model has at least one healthy engine."""
-        models = {m: [e.spec.name for e in pool.serving(m) if e.healthy] for m in pool.models()}
-        missing = sorted(m for m, engines in models.items() if not engines)
+        """Ready when every served model has at least one healthy engine. Open to anyone:
+        counts only, no engine names or addresses."""
+        models = {
+            m: {
+                "healthy_engines": sum(e.healthy for e in pool.serving(m)),
+                "engines": len(pool.serving(m)),
+            }
+            for m in pool.models()
+        }
+        missing = sorted(m for m, counts in models.items() if not counts["healthy_engines"])
         body = {
             "status": "not ready" if missing else "ready",
             "models": models,
@@ -78,8 +102,8 @@ def _routes(runtime: Runtime) -> list[Route]:
         ("/v1/models", list_models),
         ("/health", health),
         ("/ready", ready),
-        ("/metrics", metrics_page),
-        ("/admin/status", admin_status),
+        ("/metrics", for_admins(metrics_page)),
+        ("/admin/status", for_admins(admin_status)),
     ]
     return [Route(path, handler, methods=["GET"]) for path, handler in get]
 
@@ -88,7 +112,10 @@ async def gateway_error(request: Request, exc: Exception) -> Response:
     """The gateway's own errors outside the completions path (e.g. Redis unreachable while
     `/admin/status` reads it) in the OpenAI shape, with their status."""
     assert isinstance(exc, GatewayError)
-    return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
+    request_id = request_id_of(request.scope)
+    log_error(exc, request_id)
+    status, headers, body = error_response_parts(exc, request_id)
+    return Response(body, status_code=status, headers={k.decode(): v.decode() for k, v in headers})
 
 
 async def http_error(request: Request, exc: Exception) -> Response:
@@ -134,12 +161,14 @@ def create_app(runtime: Runtime) -> GatewayApp:
         finally:
             await runtime.aclose()
 
-    limit = runtime.cfg.upstream.max_body_bytes
+    limits = BodyLimits(
+        max_bytes=runtime.cfg.upstream.max_body_bytes,
+        max_json_depth=runtime.cfg.clients.max_json_depth,
+    )
+    names = EngineNames.of(runtime.cfg.engines)
     hot = {
-        "/v1/chat/completions": CompletionsEndpoint("chat", runtime.exchanges, runtime.auth, limit),
-        "/v1/completions": CompletionsEndpoint(
-            "completion", runtime.exchanges, runtime.auth, limit
-        ),
+        path: CompletionsEndpoint(kind, runtime.exchanges, runtime.auth, limits, names)
+        for kind, path in PATHS.items()
     }
     routes = [
         *(Route(path, endpoint, methods=["POST"]) for path, endpoint in hot.items()),

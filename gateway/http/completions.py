@@ -15,15 +15,23 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import uuid
+from dataclasses import dataclass
 
 from starlette.types import Receive, Scope, Send
 
 from gateway.auth import Authenticator
 from gateway.errors import GatewayError, PayloadTooLarge, RateLimited
 from gateway.exchange import Exchange, Exchanges
-from gateway.http.errors import rate_limit_headers, send_error, sse_error_event
-from gateway.request import Kind, parse_body
+from gateway.http.errors import (
+    NO_NAMES,
+    EngineNames,
+    log_error,
+    rate_limit_headers,
+    send_error,
+    sse_error_event,
+)
+from gateway.http.request_ids import request_id as request_id_of
+from gateway.request import DEFAULT_MAX_DEPTH, Kind, parse_body
 
 log = logging.getLogger(__name__)
 
@@ -32,22 +40,39 @@ class _ClientGone(Exception):
     pass
 
 
+@dataclass(frozen=True, slots=True)
+class BodyLimits:
+    """The largest body (413 beyond) and its deepest JSON nesting (400 beyond)."""
+
+    max_bytes: int
+    max_json_depth: int = DEFAULT_MAX_DEPTH
+
+
 class CompletionsEndpoint:
+    """`names`: which engine names clients may read (`EngineNames`)."""
+
     def __init__(
-        self, kind: Kind, exchanges: Exchanges, auth: Authenticator, max_body_bytes: int
+        self,
+        kind: Kind,
+        exchanges: Exchanges,
+        auth: Authenticator,
+        limits: BodyLimits,
+        names: EngineNames = NO_NAMES,
     ) -> None:
         self.kind = kind
         self.exchanges = exchanges
         self.auth = auth
-        self.max_body_bytes = max_body_bytes
+        self.limits = limits
+        self.names = names
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        request_id = _request_id(scope)
+        request_id = request_id_of(scope)
         try:
-            body = await _read_body(receive, self.max_body_bytes)
+            body = await _read_body(receive, self.limits.max_bytes)
         except _ClientGone:
             return
         except GatewayError as e:
+            log_error(e, request_id)
             await send_error(send, e, request_id)
             return
         authorization = _header(scope, b"authorization")
@@ -69,13 +94,15 @@ class CompletionsEndpoint:
         started = False
         try:
             tenant = self.auth.tenant(authorization)
-            answer = await exchange.open(tenant, parse_body(body, self.kind), body)
+            inbound = parse_body(body, self.kind, max_depth=self.limits.max_json_depth)
+            answer = await exchange.open(tenant, inbound, body)
             headers = [
                 *answer.headers,
                 (b"x-request-id", request_id.encode()),
-                (b"x-kv-gateway-engine", answer.engine.encode()),
                 *rate_limit_headers(answer.rates),
             ]
+            if answer.engine in self.names.shown:
+                headers.append((b"x-kv-gateway-engine", answer.engine.encode()))
             await send({"type": "http.response.start", "status": answer.status, "headers": headers})
             started = True
             async for chunk in exchange.relay():
@@ -83,31 +110,33 @@ class CompletionsEndpoint:
             await send({"type": "http.response.body", "body": b"", "more_body": False})
         except GatewayError as e:
             exchange.fail(e)
+            log_error(e, request_id)
             if isinstance(e, RateLimited) and not started:
                 e.headers.update(
                     (k.decode(), v.decode())
                     for k, v in rate_limit_headers(await exchange.rate_limits())
                 )
-            await _fail(send, e, exchange, started)
+            await _fail(send, e, exchange, started, self.names)
         except OSError as e:  # the client's socket broke while we sent
             log.info("request %s: connection lost: %s", request_id, type(e).__name__)
         except Exception:
             internal = GatewayError("internal error in the gateway; see its log")
             exchange.fail(internal)
             log.exception("request %s failed", request_id)
-            await _fail(send, internal, exchange, started)
+            await _fail(send, internal, exchange, started, self.names)
         finally:
             await exchange.settle()
 
 
-async def _fail(send: Send, error: GatewayError, exchange: Exchange, started: bool) -> None:
+async def _fail(
+    send: Send, error: GatewayError, exchange: Exchange, started: bool, names: EngineNames
+) -> None:
     with contextlib.suppress(OSError):
         if not started:
-            await send_error(send, error, exchange.request_id)
+            await send_error(send, error, exchange.request_id, names)
         elif exchange.streaming:
-            await send(
-                {"type": "http.response.body", "body": sse_error_event(error), "more_body": False}
-            )
+            event = sse_error_event(error, exchange.request_id)
+            await send({"type": "http.response.body", "body": event, "more_body": False})
         else:
             await send({"type": "http.response.body", "body": b"", "more_body": False})
 
@@ -118,13 +147,6 @@ def _header(scope: Scope, name: bytes) -> str | None:
             text: str = bytes(value).decode("latin-1").strip()
             return text
     return None
-
-
-def _request_id(scope: Scope) -> str:
-    given = _header(scope, b"x-request-id")
-    if given and len(given) <= 128:
-        return given
-    return uuid.uuid4().hex
 
 
 async def _read_body(receive: Receive, limit: int) -> bytes:

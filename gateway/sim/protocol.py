@@ -191,8 +191,9 @@ def render_prompts(
     ``max_tokens`` above ``max_model_len``; then, per prompt, a text (or rendered chat) longer
     than ``max_model_len × max_chars_per_token`` characters, refused before tokenization; then
     a prompt of more than ``max_model_len`` tokens. ``max_tokens`` reserves no room here: a
-    prompt that fits is accepted and its output is clamped by ``output_budget``. Token ids out
-    of the vocabulary are refused after these checks (vLLM's input processor).
+    prompt that fits is accepted and its output is clamped by ``output_budget``. An empty
+    prompt (``""`` with a tokenizer that adds no BOS) and token ids out of the vocabulary are
+    refused after these checks (vLLM's input processor).
     """
     if request.max_tokens is not None and request.max_tokens > max_model_len:
         param = request.max_tokens_param
@@ -226,6 +227,8 @@ def render_prompts(
             )
         prompts.append(ids)
     for ids in prompts:
+        if not ids:  # vLLM's input processor (`_validate_model_input`), answered 400
+            raise bad_request("The decoder prompt cannot be empty", "prompt")
         _check_vocabulary(ids, tokenizer)
     return tuple(prompts)
 

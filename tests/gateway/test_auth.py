@@ -2,10 +2,10 @@ import hashlib
 
 import pytest
 
-from gateway.auth import Authenticator
+from gateway.auth import AdminGate, Authenticator
 from gateway.cli import main
 from gateway.config import ConfigError, parse_config
-from gateway.errors import Unauthorized
+from gateway.errors import Forbidden, Unauthorized
 
 
 def cfg_with(keys):
@@ -50,3 +50,42 @@ def test_no_tenants_means_default_tenant():
     assert not auth.enabled
     assert auth.tenant(None).name == "default"
     assert auth.tenant("Bearer whatever").name == "default"
+
+
+def test_admin_gate_states():
+    ops = hashlib.sha256(b"ops").hexdigest()
+    tenant = cfg_with([hashlib.sha256(b"sk-1").hexdigest()])
+    keyed = parse_config({"engines": [{"url": "http://127.0.0.1:9"}], "admin": {"api_keys": [ops]}})
+    open_ = parse_config({"engines": [{"url": "http://127.0.0.1:9"}]})
+
+    gate = AdminGate(keyed.admin, keyed.tenants)
+    assert gate.state == "keys"
+    gate.check("Bearer ops")
+    for header in (None, "Bearer sk-1", "Bearer opsx", "ops"):
+        with pytest.raises(Unauthorized):
+            gate.check(header)
+
+    gate = AdminGate(open_.admin, open_.tenants)
+    assert gate.state == "open"
+    gate.check(None)
+
+    gate = AdminGate(tenant.admin, tenant.tenants)  # tenants, no admin keys: closed
+    assert gate.state == "closed"
+    with pytest.raises(Forbidden, match=r"admin\.api_keys") as err:
+        gate.check("Bearer sk-1")
+    assert err.value.status == 403 and err.value.code == "admin_disabled"
+
+    gate.load(keyed.admin, tenant.tenants)  # SIGHUP with admin keys
+    gate.check("Bearer ops")
+
+
+def test_admin_keys_are_digests_of_their_own():
+    base = {"engines": [{"url": "http://127.0.0.1:9"}]}
+    with pytest.raises(ConfigError, match=r"admin\.api_keys"):
+        parse_config(base | {"admin": {"api_keys": ["plaintext"]}})
+    shared = hashlib.sha256(b"k").hexdigest()
+    with pytest.raises(ConfigError, match="also a tenant's"):
+        parse_config(
+            base
+            | {"tenants": [{"name": "a", "api_keys": [shared]}], "admin": {"api_keys": [shared]}}
+        )

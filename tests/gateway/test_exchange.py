@@ -7,6 +7,7 @@ engine pool and monitor, the metrics.
 
 from __future__ import annotations
 
+import itertools
 import json
 import random
 from collections.abc import AsyncIterator
@@ -129,8 +130,14 @@ def desk(answers: dict[str, Scripted]) -> Desk:
     )
     monitor = EngineMonitor(pool, httpx.AsyncClient(), HealthConfig())
     engines = Engines(answers)
+    suffixes = (f"s{i}" for i in itertools.count(1))
     exchanges = Exchanges(
-        service=service, upstream=engines, ejector=monitor, pool=pool, metrics=GatewayMetrics()
+        service=service,
+        upstream=engines,
+        ejector=monitor,
+        pool=pool,
+        metrics=GatewayMetrics(),
+        suffix=lambda: next(suffixes),
     )
     return Desk(exchanges, store, pool, engines, service)
 
@@ -173,6 +180,8 @@ async def test_fails_over_once_before_the_first_byte_and_ejects_the_engine() -> 
     exchange = d.exchanges.start("completion", "req-1")
     assert await run(exchange, body()) == answer
     assert [url for url, _, _ in d.engines.sent] == ["http://a", "http://b"]
+    # Each attempt reaches its engine under an id of its own.
+    assert [h["x-request-id"] for _, _, h in d.engines.sent] == ["req-1-s1", "req-1-s2"]
     state_a = d.pool.get("a")
     assert state_a is not None and not state_a.healthy
     assert "could not be reached" in (state_a.last_error or "")
@@ -250,7 +259,7 @@ async def test_a_whole_answer_charges_its_usage_and_teaches_its_length() -> None
     assert len(d.service.output_lengths[MODEL]) == 1
     assert exchange.outcome == "200"
     sent_headers = d.engines.sent[0][2]
-    assert sent_headers["x-request-id"] == "req-1"
+    assert sent_headers["x-request-id"] == "req-1-s1"  # ours, plus a suffix of its own
     await assert_nothing_held(d)
 
 

@@ -121,3 +121,70 @@ def test_bad_bodies_are_400_with_reason(raw, kind, match):
         parse_body(raw, kind)
     assert err.value.status == 400
     assert err.value.body()["error"]["type"] == "invalid_request_error"
+
+
+def chat(**kw):
+    return {"model": "m", "messages": [{"role": "user", "content": "x"}], **kw}
+
+
+def nested(depth: int, inner: str = "1") -> bytes:
+    """`{"model": "m", ..., "x": [[...[1]...]]}`: the body `depth` levels deep in all."""
+    tail = json.dumps(chat())[:-1]
+    return f'{tail}, "x": {"[" * (depth - 1)}{inner}{"]" * (depth - 1)}}}'.encode()
+
+
+@pytest.mark.parametrize(
+    ("raw", "kind", "match"),
+    [
+        # Deeper than the interpreter's recursion limit: json.loads raises RecursionError.
+        (nested(1_000), "chat", "nests deeper than 64"),
+        (nested(100_000), "chat", "nests deeper than 64"),
+        (b"[" * 5_000, "chat", "nests deeper than 64|not valid JSON"),
+        (nested(65), "chat", "nests deeper than 64"),
+        # Lone surrogates: escaped, or encoded in the bytes (json.loads would pass both).
+        (body(model="m", messages=[{"role": "user", "content": "\ud800"}]), "chat", "surrogate"),
+        (body(model="m", prompt="a\udfffb"), "completion", "surrogate"),
+        (body(model="m", prompt=["ok", "\udc00"]), "completion", "surrogate"),
+        (body(model="m", prompt="x", user={"\ud800": 1}), "completion", "surrogate"),
+        (b'{"model": "m", "prompt": "\xed\xa0\x80"}', "completion", "UTF-8"),
+        (b'{"model": "m", "prompt": "\xff"}', "completion", "UTF-8"),
+        ('{"model": "m", "prompt": "x"}'.encode("utf-16"), "completion", "UTF-8"),
+        (b'{"model": "m", "prompt": "x", "temperature": NaN}', "completion", "NaN"),
+        (b'{"model": "m", "prompt": "x", "top_p": -Infinity}', "completion", "Infinity"),
+        (
+            b'{"model": "m", "prompt": "x", "max_tokens": 1' + b"0" * 5000 + b"}",
+            "completion",
+            "JSON",
+        ),
+        (json.dumps(chat(max_tokens=2**31)).encode(), "chat", "at most"),
+        (json.dumps(chat(max_tokens=10**400)).encode(), "chat", "at most"),
+        (json.dumps(chat(max_tokens=1.5)).encode(), "chat", "integer"),
+        (json.dumps(chat(stream_options="yes", stream=True)).encode(), "chat", "stream_options"),
+        (body(model="m", messages=[{"role": "u", "content": ["x"]}]), "chat", r"content\[0\]"),
+        (body(model="m", messages=[{"role": "u", "content": [{}]}]), "chat", r"content\[0\]"),
+        (
+            body(model="m", messages=[{"role": "u", "content": [{"type": "text", "text": 5}]}]),
+            "chat",
+            r"content\[0\]\.text",
+        ),
+        (body(model="m", prompt=[-1, 2]), "completion", "prompt"),
+        (body(model="m", prompt=[[2**40]]), "completion", "prompt"),
+    ],
+)
+def test_hostile_bodies_are_400_before_anything_is_counted(raw, kind, match):
+    with pytest.raises(BadRequest, match=match):
+        parse_body(raw, kind)
+
+
+def test_valid_unicode_and_unknown_fields_pass():
+    """Surrogate pairs (escaped by ensure_ascii) are one code point; unknown fields pass to the
+    engine whatever they hold, nested up to the limit."""
+    raw = json.dumps(chat(user="😀 \\ud800 as text", vllm_xargs={"a": [[[[1]]]]}, top_k=None))
+    assert "\\ud83d\\ude00" in raw
+    assert parse_body(raw.encode(), "chat").messages == [{"role": "user", "content": "x"}]
+    assert parse_body(nested(64), "chat").model == "m"
+    assert parse_body(nested(65), "chat", max_depth=65).model == "m"
+    many = json.dumps(chat(tools=[{"a": [{}]}] * 500)).encode()  # wide, not deep
+    assert parse_body(many, "chat").model == "m"
+    parts = [{"type": "text", "text": "a"}, {"type": "image_url", "image_url": {"url": "u"}}]
+    assert parse_body(body(model="m", messages=[{"role": "u", "content": parts}]), "chat")

@@ -15,9 +15,11 @@ import pytest
 from gateway.config import parse_config
 from gateway.embedded import running_app
 from gateway.http.app import create_app
+from gateway.http.listener import protocol_for
 from gateway.runtime import Runtime, build_runtime
 from gateway.sim.server import SimConfig
 from gateway.sim.server import create_app as create_sim_app
+from tests.admin import ADMIN_HEADERS, with_admin
 
 FAST = SimConfig(
     served_model_name="tiny",
@@ -47,7 +49,7 @@ class Gateway:
 
     async def status(self) -> dict[str, Any]:
         async with httpx.AsyncClient() as client:
-            return (await client.get(self.url + "/admin/status")).json()
+            return (await client.get(self.url + "/admin/status", headers=ADMIN_HEADERS)).json()
 
     async def reserved_blocks_settle(self, within_s: float = 2.0) -> list[int]:
         """Each engine's reserved blocks once all are 0, or as they stand after `within_s`
@@ -77,9 +79,10 @@ async def gateway_over(sims: list[SimConfig], **overrides: Any) -> AsyncIterator
         }
         for key, value in overrides.items():
             raw[key] = value
-        cfg = parse_config(raw)
+        cfg = parse_config(with_admin(raw))
         runtime = await build_runtime(cfg)
-        url = await stack.enter_async_context(running_app(create_app(runtime)))
+        listener = protocol_for(cfg.clients, runtime.metrics)
+        url = await stack.enter_async_context(running_app(create_app(runtime), http=listener))
         yield Gateway(url, runtime, engines)
 
 

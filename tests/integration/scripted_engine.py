@@ -23,6 +23,7 @@ from gateway.config import parse_config
 from gateway.embedded import running_app
 from gateway.http.app import create_app
 from gateway.runtime import build_runtime
+from tests.admin import with_admin
 
 Handler = Callable[[Request], Awaitable[Response]]
 
@@ -51,14 +52,17 @@ async def gateway_in_front(app: Starlette, **raw: Any) -> AsyncIterator[str]:
     async with running_app(app) as engine:
         geometry = {"num_gpu_blocks": 65, "block_size": 16, "max_num_seqs": 8}
         cfg = parse_config(
-            {
-                "engines": [
-                    {"name": "scripted", "url": engine, "models": ["tiny"], "max_model_len": 512}
-                    | geometry
-                ],
-                "models": [{"name": "tiny", "tokenizer": "hf:@tiny"}],
-                **raw,
-            }
+            with_admin(
+                {
+                    "engines": [
+                        {"name": "scripted", "url": engine, "models": ["tiny"]}
+                        | {"max_model_len": 512}
+                        | geometry
+                    ],
+                    "models": [{"name": "tiny", "tokenizer": "hf:@tiny"}],
+                    **raw,
+                }
+            )
         )
         runtime = await build_runtime(cfg)
         async with running_app(create_app(runtime)) as url:

@@ -10,9 +10,10 @@ import openai
 
 from gateway.config import parse_config
 from gateway.embedded import running_app
-from gateway.harness import SimProcess
+from gateway.harness import GatewayProcess, SimProcess
 from gateway.http.app import create_app
 from gateway.runtime import build_runtime
+from tests.admin import ADMIN_HEADERS, with_admin
 
 SIM = dict(
     block_size=16,
@@ -34,7 +35,7 @@ async def gateway(engines, **overrides):
         "routing": {"seed": 1},
     }
     raw.update(overrides)
-    cfg = parse_config(raw)
+    cfg = parse_config(with_admin(raw))
     runtime = await build_runtime(cfg)
     async with running_app(create_app(runtime)) as url:
         yield url, runtime
@@ -52,7 +53,10 @@ async def sims(*flag_sets):
 
 
 async def status(http, url):
-    return {e["name"]: e for e in (await http.get(url + "/admin/status")).json()["engines"]}
+    return {
+        e["name"]: e
+        for e in (await http.get(url + "/admin/status", headers=ADMIN_HEADERS)).json()["engines"]
+    }
 
 
 async def test_urls_only_config_works_end_to_end():
@@ -237,3 +241,49 @@ async def test_connection_failure_before_first_byte_fails_over_once():
             )
             remaining = "x-ratelimit-remaining-tokens"
             assert r.headers[remaining] == direct.headers[remaining], (r.headers, direct.headers)
+
+
+async def test_probes_log_only_state_changes(tmp_path):
+    """At the default level (info) the probes write nothing (no httpx line per call), and
+    each state change is one line: ejected, readmitted, capacity changed."""
+    async with sims({"num_gpu_blocks": 65}) as [a]:
+        config = {
+            "engines": [{"name": "a", "url": a.url}],
+            "models": [{"name": "tiny", "tokenizer": "hf:@tiny"}],
+            "health": {"scrape_interval_s": 0.1, "timeout_s": 1.0, "backoff_max_s": 0.2},
+        }
+        gw = GatewayProcess(config, tmp_path, log_level="info")
+        await gw.astart()
+        try:
+
+            async def healthy(blocks: int | None = None) -> bool:
+                async with httpx.AsyncClient() as http:
+                    engine = (await status(http, gw.url))["a"]
+                return engine["healthy"] and blocks in (None, engine["num_gpu_blocks"])
+
+            async def until(check, what):
+                deadline = time.monotonic() + 20
+                while not await check():
+                    assert time.monotonic() < deadline, f"{what}:\n{gw.log_tail()}"
+                    await asyncio.sleep(0.05)
+
+            started = len(gw.log_text().splitlines())
+            await asyncio.sleep(1.0)  # ~10 probe rounds
+            a.kill()
+            await until(lambda: _not(healthy()), "never ejected")
+            await asyncio.sleep(0.5)  # several failed probes of the ejected engine
+            await a.configure(num_gpu_blocks=129).astart()
+            await until(lambda: healthy(129), "never readmitted with 129 blocks")
+            await asyncio.sleep(0.5)
+            lines = gw.log_text().splitlines()[started:]
+        finally:
+            gw.stop()
+    assert not [x for x in lines if "HTTP Request" in x or "httpx" in x], lines
+    about_a = [x for x in lines if "engine a" in x]  # nothing per probe, failed or slow
+    assert [x for x in about_a if "ejected" in x] and len(about_a) == 3, about_a
+    assert "readmitted" in about_a[1] or "readmitted" in about_a[2], about_a
+    assert any("num_gpu_blocks changed 65 → 129" in x for x in about_a), about_a
+
+
+async def _not(check) -> bool:
+    return not await check

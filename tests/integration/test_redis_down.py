@@ -6,6 +6,7 @@ down (`kv_gateway_state_up 0`) and keeps the gauges read from Redis at their las
 """
 
 import asyncio
+import logging
 import uuid
 
 import httpx
@@ -65,3 +66,28 @@ async def test_endpoints_answer_while_redis_is_unreachable(on_failure):
             assert gauge(back.text, "kv_gateway_state_up") == 1
     finally:
         await proxy.stop()
+
+
+async def test_a_lost_redis_is_not_named_to_clients(caplog):
+    """503 `state_unavailable` says what happened, not where Redis is or what the library
+    said (`Error 111 connecting to 127.0.0.1:…`): that goes to the log with the request id."""
+    caplog.set_level(logging.WARNING, logger="gateway.http.errors")
+    proxy = TcpProxy()
+    await proxy.start()
+    redis = {"url": proxy.url, "key_prefix": f"t{uuid.uuid4().hex[:10]}", "timeout_s": 0.5}
+    try:
+        async with gateway_over([FAST], redis=redis) as gw, httpx.AsyncClient(timeout=10) as http:
+            await proxy.stop()
+            body = {"model": "tiny", "prompt": "x", "max_tokens": 2}
+            answers = [await http.post(gw.url + "/v1/completions", json=body) for _ in range(2)]
+            answers.append(await http.get(gw.url + "/admin/status"))
+    finally:
+        await proxy.stop()
+    for answer in answers:
+        assert answer.status_code == 503, answer.text
+        error = answer.json()["error"]
+        assert error["code"] == "state_unavailable"
+        for secret in ("127.0.0.1", str(proxy.port), "Error", "refused"):
+            assert secret not in error["message"], error
+    details = " ".join(r.getMessage() for r in caplog.records)
+    assert answers[0].headers["x-request-id"] in details and "Connect" in details

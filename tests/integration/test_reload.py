@@ -1,4 +1,5 @@
-"""SIGHUP reloads the tenants of a running `kv-gateway serve` (a real process)."""
+"""SIGHUP reloads the tenants and admin keys of a running `kv-gateway serve` (a real
+process)."""
 
 import asyncio
 import hashlib
@@ -40,9 +41,13 @@ async def test_sighup_reloads_tenants_and_refuses_a_bad_file(tmp_path):
         async with httpx.AsyncClient(timeout=30) as http:
             assert (await ask(http, gateway.url, "old")).status_code == 200
             assert (await ask(http, gateway.url, "new")).status_code == 401
+            admin = {"authorization": "Bearer key-admin"}
+            status = await http.get(gateway.url + "/admin/status", headers=admin)
+            assert status.status_code == 403  # tenants without admin keys: closed
 
-            # A new key, a limit, and a change that needs a restart (not applied).
+            # A new key, a limit, an admin key, and a change that needs a restart (not applied).
             cfg["tenants"] = [tenant("new", rpm=1)]
+            cfg["admin"] = {"api_keys": tenant("admin")["api_keys"]}
             cfg["queue"] = {"max_length": 7}
             gateway.config_path.write_text(json.dumps(cfg))
             os.kill(gateway.proc.pid, signal.SIGHUP)
@@ -54,6 +59,8 @@ async def test_sighup_reloads_tenants_and_refuses_a_bad_file(tmp_path):
             assert limited.status_code == 429
             assert limited.json()["error"]["code"] == "tenant_rpm"
             assert (await ask(http, gateway.url, "old")).status_code == 401  # its key is gone
+            status = await http.get(gateway.url + "/admin/status", headers=admin)
+            assert status.status_code == 200  # the admin key is taken too
 
             # A file that does not validate changes nothing.
             gateway.config_path.write_text(json.dumps({**cfg, "tenants": [{"name": "x"}]}))

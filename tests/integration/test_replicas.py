@@ -10,22 +10,23 @@ import pytest
 import redis
 
 from gateway.harness import GatewayProcess, RedisServer, SimProcess
+from tests.admin import ADMIN_HEADERS, with_admin
+from tests.redis_server import redis_url as session_redis_url
 
 pytestmark = pytest.mark.redis
 
-SHARED_REDIS = "redis://127.0.0.1:6379/0"
 PROMPT = list(range(100, 110))  # 10 token ids: the footprint is exact
 BLOCK = 16
 
 
-def config(engine: SimProcess, *, redis_url=SHARED_REDIS, prefix=None, **extra):
+def config(engine: SimProcess, *, redis_url=None, prefix=None, **extra):
     cfg = {
         "engines": [{"name": "e0", "url": engine.url, "max_num_seqs": 64}],
         "models": [{"name": "tiny", "tokenizer": "hf:@tiny"}],
         "admission": {"kv_ceiling": 1.0},
         "queue": {"max_length": 20, "max_wait_s": 1.0},
         "redis": {
-            "url": redis_url,
+            "url": redis_url or session_redis_url(),
             "key_prefix": prefix or f"t{uuid.uuid4().hex[:10]}",
             "lease_ttl_s": 3,
             # Three gateways, an engine and the clients share two cores: a Redis answer may
@@ -35,7 +36,7 @@ def config(engine: SimProcess, *, redis_url=SHARED_REDIS, prefix=None, **extra):
         "health": {"scrape_interval_s": 0.5},
     }
     cfg.update(extra)
-    return cfg
+    return with_admin(cfg)
 
 
 @contextlib.asynccontextmanager
@@ -68,10 +69,14 @@ async def sim_state(http, engine):
     return (await http.get(engine.url + "/sim/state")).json()
 
 
+async def admin_status(http, url):
+    return (await http.get(url + "/admin/status", headers=ADMIN_HEADERS)).json()
+
+
 async def settled(http, gateways):
     """Every replica sees nothing reserved and nobody queued (waits for releases to land)."""
     for _ in range(100):
-        statuses = [(await http.get(g.url + "/admin/status")).json() for g in gateways]
+        statuses = [await admin_status(http, g.url) for g in gateways]
         if all(
             s["queue"]["length"] == 0
             and all(e["reserved_blocks"] == 0 and e["reserved_seqs"] == 0 for e in s["engines"])
@@ -121,7 +126,7 @@ async def test_burst_across_three_replicas_never_overcommits(tmp_path):
         assert 0 < state["peak_used_blocks"] <= 100
         assert 0 < state["peak_running"] <= 10
         assert state["num_preemptions"] == 0
-        assert keys_without_ttl(SHARED_REDIS, prefix) == []
+        assert keys_without_ttl(session_redis_url(), prefix) == []
     finally:
         engine.stop()
 
@@ -197,7 +202,7 @@ async def test_killed_replica_leases_expire(tmp_path):
                 for _ in range(5)
             ]
             for _ in range(100):
-                held = (await http.get(survivor.url + "/admin/status")).json()["engines"][0]
+                held = (await admin_status(http, survivor.url))["engines"][0]
                 if held["reserved_seqs"] == 5:
                     break
                 await asyncio.sleep(0.05)
@@ -206,7 +211,7 @@ async def test_killed_replica_leases_expire(tmp_path):
             killed = time.monotonic()
             await asyncio.gather(*streams, return_exceptions=True)
             while time.monotonic() - killed < 10:
-                held = (await http.get(survivor.url + "/admin/status")).json()["engines"][0]
+                held = (await admin_status(http, survivor.url))["engines"][0]
                 if held["reserved_blocks"] == 0:
                     break
                 await asyncio.sleep(0.1)
@@ -268,7 +273,7 @@ async def test_redis_restart_counts_running_requests_again(tmp_path):
         ):
 
             async def reserved():
-                return (await http.get(watching.url + "/admin/status")).json()["engines"][0]
+                return (await admin_status(http, watching.url))["engines"][0]
 
             streams = [
                 asyncio.create_task(complete(http, serving.url, max_tokens=400, stream=True))

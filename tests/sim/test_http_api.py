@@ -208,6 +208,11 @@ ERROR_CASES: list[tuple[str, Any, tuple[int, str, str]]] = [
         {"model": "tiny", "prompt": "x", "cache_salt": ""},
         _error(400, "BadRequestError", "'cache_salt' must be a non-empty string"),
     ),
+    (
+        "/v1/completions",  # the tiny tokenizer adds no BOS: no token at all (was a 500)
+        {"model": "tiny", "prompt": ""},
+        _error(400, "BadRequestError", "The decoder prompt cannot be empty"),
+    ),
     ("/tokenize", {"prompt": 3}, _error(400, "BadRequestError", "'prompt'")),
     ("/tokenize", {"model": "nope", "prompt": "x"}, _error(404, "NotFoundError", "nope")),
 ]

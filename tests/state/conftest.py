@@ -1,12 +1,11 @@
 """One conformance suite for every state store: each test runs against each backend.
 
-The Redis backend is the real server at 127.0.0.1:6379 (override with KVGW_TEST_REDIS_URL),
-with a key prefix of its own per test. After every test the store must hold nothing —
-no lease, no queue entry, no tenant in flight — and every key it left in Redis must have a
-TTL; then the test's keys are deleted.
+The Redis backend is the test session's real server (`tests/redis_server.py`: a private
+`redis-server`, or KVGW_TEST_REDIS_URL), with a key prefix of its own per test. After every
+test the store must hold nothing — no lease, no queue entry, no tenant in flight — and every
+key it left in Redis must have a TTL; then the test's keys are deleted.
 """
 
-import os
 import random
 import uuid
 
@@ -18,8 +17,7 @@ from gateway.state.fallback import FailOpenLocal
 from gateway.state.memory import InMemoryStore
 from gateway.state.redis import RedisStore
 from gateway.state.totals import StoreTotals
-
-REDIS_URL = os.environ.get("KVGW_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
+from tests.redis_server import redis_url
 
 
 def new_prefix() -> str:
@@ -28,7 +26,7 @@ def new_prefix() -> str:
 
 async def keys_without_ttl(prefix: str) -> dict[str, int]:
     """Every key of `prefix` (SCAN) with its TTL; those with none (-1) are the failures."""
-    client = aioredis.from_url(REDIS_URL)
+    client = aioredis.from_url(redis_url())
     try:
         found = {}
         async for key in client.scan_iter(match=f"{{{prefix}}}*", count=500):
@@ -39,7 +37,7 @@ async def keys_without_ttl(prefix: str) -> dict[str, int]:
 
 
 async def drop_keys(prefix: str) -> None:
-    client = aioredis.from_url(REDIS_URL)
+    client = aioredis.from_url(redis_url())
     try:
         keys = [k async for k in client.scan_iter(match=f"{{{prefix}}}*", count=500)]
         if keys:
@@ -60,7 +58,7 @@ def prefix():
 
 def redis_store(prefix: str, replica: str = "replica-a", **kwargs) -> RedisStore:
     kwargs.setdefault("seed", 0)
-    return RedisStore(REDIS_URL, DEFAULT_SCORERS, replica_id=replica, key_prefix=prefix, **kwargs)
+    return RedisStore(redis_url(), DEFAULT_SCORERS, replica_id=replica, key_prefix=prefix, **kwargs)
 
 
 @pytest.fixture(

@@ -1,15 +1,18 @@
 """A TCP forwarder to Redis that a test can cut and restore: Redis lost and back, without
-touching the shared server."""
+touching the session's server."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 
+from tests.redis_server import redis_address
+
 
 class TcpProxy:
-    def __init__(self, target_host: str = "127.0.0.1", target_port: int = 6379) -> None:
-        self.target = (target_host, target_port)
+    def __init__(self, target: tuple[str, int] | None = None) -> None:
+        """Forwards to `target` (host, port); by default the test session's Redis."""
+        self.target = target or redis_address()
         self.port = 0
         self._server: asyncio.Server | None = None
         self._writers: set[asyncio.StreamWriter] = set()

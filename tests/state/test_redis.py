@@ -18,8 +18,9 @@ from gateway.state.fallback import FailOpenLocal
 from gateway.state.memory import InMemoryStore
 from gateway.state.redis import RedisStore
 from gateway.state.totals import StoreTotals
+from tests.redis_server import redis_url
 
-from .conftest import REDIS_URL, assert_clean, drop_keys, redis_store
+from .conftest import assert_clean, drop_keys, redis_store
 from .tcp_proxy import TcpProxy
 from .test_conformance import ask, spec
 
@@ -60,7 +61,7 @@ async def test_lease_is_recorded_with_owner_and_expiry(replicas, prefix):
     store = replicas("replica-a", lease_ttl_s=5)
     t = TenantPolicy("t", tpm=1000)
     lease = await store.try_admit(replace(ask(spec("a"), blocks=3), tenant=t, tokens=40))
-    client = aioredis.from_url(REDIS_URL)
+    client = aioredis.from_url(redis_url())
     try:
         record = json.loads(await client.hget(f"{{{prefix}}}:leases", lease.id))
         expiry = await client.zscore(f"{{{prefix}}}:lexp", lease.id)
@@ -371,7 +372,7 @@ async def test_redis_lost_and_back(prefix, on_failure):
         if local is not None:
             # Another replica counts it: with `after` (4) and it (4) held, 12 of 20 are free.
             other = RedisStore(
-                REDIS_URL, ["most_free_blocks"], replica_id="other", key_prefix=prefix
+                redis_url(), ["most_free_blocks"], replica_id="other", key_prefix=prefix
             )
             try:
                 assert await other.try_admit(ask(a, blocks=13)) == Refusal("no_capacity")
