@@ -123,7 +123,7 @@ def finish(args: argparse.Namespace, document: dict[str, Any], runs: list[dict[s
     if args.json is not None:
         report.write_json(args.json, document)
         print(f"wrote {args.json}")
-    if args.plots is not None:
+    if args.plots is not None and runs:
         from gateway.loadtest import plots
 
         for path in plots.write_run_plots(runs, Path(args.plots)):

@@ -49,11 +49,16 @@ def _cdfs(runs: Sequence[dict[str, Any]], path: Path) -> Path:
         ax.grid(alpha=0.3)
         if any(_ok_values(run, key) for run in runs):
             ax.set_xscale("log")
-    axes[0].legend(fontsize="small")
+    _legend(axes[0])
     fig.tight_layout()
     fig.savefig(path, dpi=DPI)
     plt.close(fig)
     return path
+
+
+def _legend(ax: Any) -> None:
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize="small")
 
 
 def _over_time(runs: Sequence[dict[str, Any]], path: Path) -> Path:
@@ -69,28 +74,30 @@ def _over_time(runs: Sequence[dict[str, Any]], path: Path) -> Path:
             axes[0].plot(xs, [buckets.get(x, 0) for x in xs], label=label)
         series = run.get("metrics", {}).get("series", {})
         engines = series.get("engines", {})
-        for n, samples in enumerate(engines.values()):
-            if samples:
-                axes[1].plot(
-                    [s["t"] for s in samples],
-                    [s["kv_usage"] for s in samples],
-                    label=f"{label} e{n}" if len(engines) > 1 else label,
-                )
+        lists = [samples for samples in engines.values() if samples]
+        if lists:
+            # Engines are scraped together: the n-th samples share a time; their mean is the
+            # fleet's usage (one line per run keeps side-by-side runs readable).
+            n = min(len(samples) for samples in lists)
+            axes[1].plot(
+                [lists[0][i]["t"] for i in range(n)],
+                [sum(samples[i]["kv_usage"] for samples in lists) / len(lists) for i in range(n)],
+                label=label,
+            )
         gateway = series.get("gateway", [])
         if gateway:
             axes[2].plot(
                 [s["t"] for s in gateway], [s["queue_length"] for s in gateway], label=label
             )
     axes[0].set_title("completions per second")
-    axes[1].set_title("engine KV cache usage")
+    axes[1].set_title("engine KV cache usage (mean over engines)")
     axes[1].set_ylim(0, 1.05)
     axes[2].set_title("gateway queue length")
     for ax in axes:
         ax.set_xlabel("s since the run's start")
         ax.grid(alpha=0.3)
-    axes[0].legend(fontsize="small")
-    if axes[1].get_legend_handles_labels()[0]:
-        axes[1].legend(fontsize="small")
+    _legend(axes[0])
+    _legend(axes[1])
     fig.tight_layout()
     fig.savefig(path, dpi=DPI)
     plt.close(fig)

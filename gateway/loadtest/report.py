@@ -119,7 +119,7 @@ def print_table(
 ) -> None:
     if not rows:
         return
-    if have_rich() and out is sys.stdout:
+    if have_rich() and out is sys.stdout and out.isatty():
         from rich.console import Console
         from rich.table import Table
 

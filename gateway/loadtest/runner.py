@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import math
 import random
 import time
 from collections.abc import Callable, Sequence
@@ -25,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gateway.loadtest import retry
-from gateway.loadtest.arrivals import Arrivals
+from gateway.loadtest.arrivals import Arrivals, Rate
 from gateway.loadtest.client import Answer, Client, request_body
 from gateway.loadtest.prompts import Built, PromptBuilder
 from gateway.loadtest.records import (
@@ -206,20 +207,27 @@ class Runner:
     async def _open_loop(self, tenant: TenantLoad, rng: random.Random) -> None:
         assert tenant.arrivals is not None
         limit = asyncio.Semaphore(tenant.max_concurrency) if tenant.max_concurrency else None
+        # Everything at once has no schedule to keep: its send lag means nothing.
+        timed = not (isinstance(tenant.arrivals, Rate) and math.isinf(tenant.arrivals.rate))
         for offset in tenant.arrivals.offsets(rng):
-            if not self._may_issue() or not await self._sleep_until(offset):
+            if not self._may_issue():
                 return
+            # The prompt is built before the wait, so that building it never delays the send.
             spec = draw(tenant, rng, self.cfg.max_model_len)
+            request_rng = random.Random(rng.getrandbits(32))
+            built = self._build(tenant, spec, request_rng, None, "", 1)
+            if not await self._sleep_until(offset):
+                return
             self._issued += 1
-            seed = rng.getrandbits(32)
-            self._spawn(self._session(tenant, spec, random.Random(seed), offset, limit))
+            scheduled = offset if timed else None
+            self._spawn(self._session(tenant, spec, request_rng, scheduled, limit, built))
             await asyncio.sleep(0)  # let the request start before the next sleep is computed
 
     async def _closed_loop(self, tenant: TenantLoad, rng: random.Random) -> None:
         while self._may_issue():
             spec = draw(tenant, rng, self.cfg.max_model_len)
             self._issued += 1
-            await self._session(tenant, spec, rng, None, None)
+            await self._session(tenant, spec, rng, None, None, None)
 
     async def _replay(self) -> None:
         arrivals = self.cfg.trace_arrivals
@@ -227,13 +235,15 @@ class Runner:
         rng = random.Random(f"{self.cfg.seed}:trace")
         default = self.cfg.tenants[0]
         for spec, offset in zip(self.cfg.trace, arrivals.offsets(rng), strict=False):
-            if not self._may_issue() or not await self._sleep_until(offset):
+            if not self._may_issue():
                 return
             tenant = self._tenants.get(spec.tenant, default)
-            limit = None
+            request_rng = random.Random(rng.getrandbits(32))
+            built = self._build(tenant, spec, request_rng, None, "", 1)
+            if not await self._sleep_until(offset):
+                return
             self._issued += 1
-            seed = rng.getrandbits(32)
-            self._spawn(self._session(tenant, spec, random.Random(seed), offset, limit))
+            self._spawn(self._session(tenant, spec, request_rng, offset, None, built))
             await asyncio.sleep(0)
 
     # -- one session: its turns in order --------------------------------------------------
@@ -245,6 +255,7 @@ class Runner:
         rng: random.Random,
         scheduled: float | None,
         limit: asyncio.Semaphore | None,
+        first: Built | None,
     ) -> None:
         session = next(self._session_ids) if spec.turns > 1 else None
         base_url = self.client.pick()
@@ -262,7 +273,10 @@ class Runner:
                 spec = RequestSpec(
                     tenant.name, shape.input_len.sample(rng), shape.output_len.sample(rng)
                 )
-            built = self._build(tenant, spec, rng, history, before, turn)
+            if turn == 1 and first is not None:
+                built = first
+            else:
+                built = self._build(tenant, spec, rng, history, before, turn)
             if limit is not None:
                 async with limit:
                     record, answer = await self._one(

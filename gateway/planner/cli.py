@@ -108,6 +108,22 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def inputs_from_argv(argv: list[str]) -> PlanInputs:
+    """The plan inputs of `kv-gateway plan` flags (for `kv-gateway loadtest sweep`); raises
+    UsageError or ValueError with a one-line reason."""
+    parser = argparse.ArgumentParser(prog="kv-gateway plan", add_help=False, exit_on_error=False)
+    add_arguments(parser)
+    try:
+        args, rest = parser.parse_known_args(argv)
+    except argparse.ArgumentError as exc:
+        raise UsageError(str(exc)) from None
+    if rest:
+        raise UsageError(f"unknown planner option(s): {' '.join(rest)}")
+    inputs = _inputs(args)
+    inputs.validate()
+    return inputs
+
+
 def _inputs(args: argparse.Namespace) -> PlanInputs:
     model = _model(args)
     memory, gpu_name, large = _gpu(args)
