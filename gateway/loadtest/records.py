@@ -65,9 +65,7 @@ class RequestRecord:
         return None if self.scheduled_s is None else self.sent_s - self.scheduled_s
 
     def to_dict(self) -> dict[str, Any]:
-        data = asdict(self)
-        data["itl_s"] = [round(x, 6) for x in self.itl_s]
-        return data
+        return asdict(self)
 
 
 def from_dict(data: dict[str, Any]) -> RequestRecord:

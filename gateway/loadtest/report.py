@@ -105,7 +105,8 @@ def summary_lines(report: dict[str, Any]) -> tuple[list[str], list[list[str]], l
     return head, rows, tail
 
 
-def print_summary(report: dict[str, Any], out: TextIO = sys.stdout) -> None:
+def print_summary(report: dict[str, Any], out: TextIO | None = None) -> None:
+    out = out or sys.stdout
     head, rows, tail = summary_lines(report)
     for line in head:
         print(line, file=out)
@@ -115,8 +116,9 @@ def print_summary(report: dict[str, Any], out: TextIO = sys.stdout) -> None:
 
 
 def print_table(
-    headers: Sequence[str], rows: Sequence[Sequence[str]], out: TextIO = sys.stdout
+    headers: Sequence[str], rows: Sequence[Sequence[str]], out: TextIO | None = None
 ) -> None:
+    out = out or sys.stdout
     if not rows:
         return
     if have_rich() and out is sys.stdout and out.isatty():

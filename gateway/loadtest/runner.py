@@ -473,7 +473,7 @@ def _finished(
             else:
                 ttft = times[0] - first_sent
                 e2e = times[-1] - first_sent
-                itl = tuple(b - a for a, b in itertools.pairwise(times))
+                itl = tuple(round(b - a, 6) for a, b in itertools.pairwise(times))  # µs: enough
         else:
             e2e = answer.finished - first_sent
         out = answer.completion_tokens

@@ -416,4 +416,3 @@ def recommend(parameter: str, rows: list[dict[str, Any]]) -> dict[str, Any]:
         f"{best['success_rate']:.0%})"
     )
     return {"value": None, "text": text}
-
