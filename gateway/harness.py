@@ -119,6 +119,10 @@ class Child:
         return "\n".join(self.log_text().splitlines()[-lines:])
 
     def _spawn(self) -> None:
+        if self._own_dir is None and not self.workdir.exists():
+            # stop() removed the directory it made itself: a restart makes it again.
+            self.workdir.mkdir(parents=True)
+            self._own_dir = self.workdir
         with self.log_path.open("ab") as log:
             self.proc = subprocess.Popen(
                 self.argv,
