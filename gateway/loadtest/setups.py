@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import os
 import shlex
 from collections.abc import Mapping
 from pathlib import Path
@@ -96,15 +97,16 @@ class SimFleet:
 
 
 class CommandEngine:
-    """One engine started by a command template: `{value}`, `{port}` and the extra fields
-    are substituted, then the command is split like a shell would (no shell runs it)."""
+    """One engine started by a command template: `{value}` and `{port}` (a free port) are
+    substituted, then the command is split like a shell would (no shell runs it). `env`
+    adds variables to the server's environment (None removes one)."""
 
     def __init__(
         self,
         template: str,
         *,
         url_template: str = "http://127.0.0.1:{port}",
-        env: Mapping[str, str] | None = None,
+        env: Mapping[str, str | None] | None = None,
         startup_timeout_s: float = 300.0,
         workdir: Path | None = None,
     ) -> None:
@@ -126,9 +128,10 @@ class CommandEngine:
             raise SetupError(f"command template: cannot fill {exc}") from None
         env = None
         if self.env is not None:
-            import os
-
-            env = {**os.environ, **self.env}
+            # The server's environment: ours, with the spec's variables set (None: unset).
+            env = {**os.environ, **{k: v for k, v in self.env.items() if v is not None}}
+            for key in [k for k, v in self.env.items() if v is None]:
+                env.pop(key, None)
         self.proc = CommandProcess(
             argv,
             port=port,

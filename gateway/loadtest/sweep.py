@@ -19,7 +19,7 @@ A spec file (YAML):
     # or a real engine, restarted per value by a command template ({value}, {port}):
     # command: "vllm serve /models/m --kv-cache-memory-bytes {value} --port {port}"
     # url: "http://127.0.0.1:{port}"
-    # env: {VLLM_NO_USAGE_STATS: "1"}
+    # env: {VLLM_NO_USAGE_STATS: "1", VLLM_CPU_KVCACHE_SPACE: null}   # null: unset
     # startup_timeout_s: 300
     through: direct                     # or gateway (gateway: config overrides)
 """
@@ -82,7 +82,7 @@ class SweepSpec:
     engine: dict[str, Any] = field(default_factory=dict)
     command: str | None = None
     url: str = "http://127.0.0.1:{port}"
-    env: dict[str, str] = field(default_factory=dict)
+    env: dict[str, str | None] = field(default_factory=dict)
     startup_timeout_s: float = 300.0
     through: str = "direct"
     gateway: dict[str, Any] = field(default_factory=dict)
@@ -120,7 +120,7 @@ def read_spec(path: Path, values: str | None = None) -> SweepSpec:
         engine=dict(data.get("engine") or {}),
         command=data.get("command"),
         url=str(data.get("url", "http://127.0.0.1:{port}")),
-        env={str(k): str(v) for k, v in (data.get("env") or {}).items()},
+        env={str(k): None if v is None else str(v) for k, v in (data.get("env") or {}).items()},
         startup_timeout_s=float(data.get("startup_timeout_s", 300.0)),
         through=str(data.get("through", "direct")),
         gateway=dict(data.get("gateway") or {}),
@@ -375,6 +375,7 @@ def _row_figures(result: dict[str, Any]) -> dict[str, Any]:
     finished = s["requests"] - s["outcomes"]["cancelled"]
     return {
         "ttft_mean_ms": lat["ttft"]["mean"] if lat["ttft"] else None,
+        "ttft_p50_ms": lat["ttft"]["p50"] if lat["ttft"] else None,
         "ttft_p95_ms": lat["ttft"]["p95"] if lat["ttft"] else None,
         "e2e_p95_ms": lat["e2e"]["p95"] if lat["e2e"] else None,
         "success_rate": s["success_rate"],

@@ -20,6 +20,7 @@ class Scripted:
     def __init__(self, decide: Decide) -> None:
         self.decide = decide
         self.arrivals: dict[str, list[float]] = {}
+        self.keys: list[str | None] = []
         self.app = Starlette(
             routes=[
                 Route("/v1/models", self.models),
@@ -32,6 +33,7 @@ class Scripted:
 
     async def chat(self, request: Request) -> Response:
         body = await request.json()
+        self.keys.append(request.headers.get("authorization"))
         key = json.dumps(body["messages"])
         times = self.arrivals.setdefault(key, [])
         times.append(time.monotonic())

@@ -185,3 +185,31 @@ def test_through_the_gateway(
     assert s["retries"]["first_try_refused"] == refused and s["retries"]["retries"] == 0
     assert m["gateway_answers"].get("queue_full", 0) == refused
     assert m["peak_running"] <= 4
+
+
+def test_tenants_send_their_own_keys_and_loads(
+    serve: Any,
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    server = Scripted(lambda attempt: None)
+    monkeypatch.setenv("KEY_A", "sk-a")
+    (tmp_path / "b.key").write_text("sk-b\n")
+    workload = tmp_path / "tenants.yaml"
+    workload.write_text(
+        "tenants:\n"
+        "  - {name: a, api_key_env: KEY_A, concurrency: 2, input_len: 40}\n"
+        f"  - {{name: b, api_key_file: {tmp_path / 'b.key'}, rate: 50, input_len: 60}}\n"
+    )
+    code, report, _ = run_tool(
+        capsys, tmp_path, "run", "--target", serve(server.app), "--workload", str(workload),
+        "--requests", "20",
+    )  # fmt: skip
+    assert code == 0
+    by_tenant = {r["tenant"]: r for r in report["records"]}
+    assert set(by_tenant) == {"a", "b"}
+    assert set(server.keys) == {"Bearer sk-a", "Bearer sk-b"}
+    assert {r["input_tokens"] for r in report["records"] if r["tenant"] == "b"} == {60}
+    assert set(report["summary"]["per_tenant"]) == {"a", "b"}
+    assert sum(t["requests"] for t in report["summary"]["per_tenant"].values()) == 20
