@@ -116,14 +116,21 @@ async def _run_one(args: argparse.Namespace) -> int:
     return finish(args, result, [result])
 
 
-def finish(args: argparse.Namespace, document: dict[str, Any], runs: list[dict[str, Any]]) -> int:
-    """Print, write the JSON and the plots; the exit code of the whole command."""
-    if len(runs) == 1:
+def finish(
+    args: argparse.Namespace,
+    document: dict[str, Any],
+    runs: list[dict[str, Any]],
+    *,
+    single: bool = True,
+) -> int:
+    """Print (`single`: the one run's summary), write the JSON and the plots of a single run;
+    the exit code of the whole command from its runs."""
+    if single:
         report.print_summary(runs[0])
     if args.json is not None:
         report.write_json(args.json, document)
         print(f"wrote {args.json}")
-    if args.plots is not None and runs:
+    if single and args.plots is not None:
         from gateway.loadtest import plots
 
         for path in plots.write_run_plots(runs, Path(args.plots)):

@@ -162,7 +162,12 @@ def run(args: argparse.Namespace) -> int:
     for r in runs:
         for warning in r.get("warnings", []):
             print(f"WARNING ({r['label']}): {warning}")
-    code = finish(args, document, [])
+    code = finish(
+        args,
+        document,
+        [*([document["capacity_run"]] if "capacity_run" in document else []), *runs],
+        single=False,
+    )
     if args.plots is not None and runs:
         from gateway.loadtest import plots
 
@@ -177,10 +182,6 @@ def _groups(runs: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
     for r in runs:
         groups.setdefault(str(r.get("rate_label", "run")), []).append(r)
     return groups
-
-
-class _Interrupted(Exception):
-    pass
 
 
 async def _compare(args: argparse.Namespace, spec: Spec, slo: Slo) -> dict[str, Any]:

@@ -10,6 +10,8 @@ import time
 from datetime import UTC, datetime
 from typing import Any
 
+import httpx
+
 from gateway.loadtest import cpu
 from gateway.loadtest.aggregate import NO_SLO, Slo, summarize
 from gateway.loadtest.client import Client
@@ -57,9 +59,7 @@ async def measure(
                 with contextlib.suppress(asyncio.CancelledError):
                     await scraping
             # One last scrape: counters at the end of the run.
-            with contextlib.suppress(Exception):
-                import httpx
-
+            with contextlib.suppress(httpx.HTTPError, OSError):
                 async with httpx.AsyncClient(timeout=5.0) as http:
                     await scraper.scrape_once(http)
     return {

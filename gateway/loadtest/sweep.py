@@ -162,7 +162,7 @@ def run(args: argparse.Namespace) -> int:
     slo = parse_slo(args.slo)
     document = asyncio.run(_sweep(args, spec, slo))
     print_table(document)
-    code = finish(args, document, [])
+    code = finish(args, document, [r for r in document["runs"] if r is not None], single=False)
     if args.plots is not None and document["rows"]:
         from gateway.loadtest import plots
 
@@ -234,6 +234,7 @@ async def _sweep(args: argparse.Namespace, spec: SweepSpec, slo: Slo) -> dict[st
         row: dict[str, Any] = {"value": value}
         if plan is not None:
             row["planned_blocks"] = plan.num_blocks
+            row["plan_warnings"] = list(plan.warnings)
             if not plan.starts:
                 row["skipped"] = f"vLLM would not start: {plan.problems[0].kind}"
                 rows.append(row)
@@ -406,6 +407,10 @@ def recommend(parameter: str, rows: list[dict[str, Any]]) -> dict[str, Any]:
             f"req/s with every request answered, no preemption and the SLOs met by "
             f"{best['slo_share']:.0%} of requests"
         )
+        if best.get("plan_warnings"):
+            # A simulated engine cannot run out of memory: the planner's caution still holds.
+            warning = best["plan_warnings"][0].split(". ")[0]
+            text += f"; but the planner warns at this value: {warning}"
         return {"value": best["value"], "text": text}
     if not ran:
         return {"value": None, "text": "recommendation: none (no value ran)"}
