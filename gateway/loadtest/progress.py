@@ -24,6 +24,7 @@ class Progress:
         self._bar: Any = None
         self._task: Any = None
         if have_rich() and sys.stderr.isatty():
+            from rich.console import Console
             from rich.progress import (
                 BarColumn,
                 MofNCompleteColumn,
@@ -40,6 +41,7 @@ class Progress:
                 MofNCompleteColumn(),
                 TextColumn("ok {task.fields[ok]}"),
                 TimeElapsedColumn(),
+                console=Console(stderr=True),
                 transient=True,
             )
             self._bar.start()

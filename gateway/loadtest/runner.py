@@ -105,6 +105,7 @@ class Runner:
         self._index = itertools.count()
         self._session_ids = itertools.count()
         self._tasks: set[asyncio.Task[None]] = set()
+        self._drivers: list[asyncio.Task[None]] = []
         self._stopped = asyncio.Event()
         self._t0 = 0.0
         self._deadline: float | None = None
@@ -116,7 +117,8 @@ class Runner:
     def stop(self) -> None:
         """Stop now: no new requests; those in flight are cancelled and recorded."""
         self._stopped.set()
-        for task in list(self._tasks):
+        # Closed-loop drivers run their sessions themselves: cancel them too.
+        for task in [*self._drivers, *self._tasks]:
             task.cancel()
 
     @property
@@ -142,7 +144,7 @@ class Runner:
             self._deadline = self._t0 + self.cfg.duration_s
         cpu_start = time.process_time()
         watcher = asyncio.create_task(self._watch_cpu())
-        drivers: list[asyncio.Task[None]] = []
+        drivers = self._drivers
         if self.cfg.trace:
             drivers.append(asyncio.create_task(self._replay()))
         else:
