@@ -178,10 +178,11 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _groups(runs: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    """Runs by rate, each group in the same target order (the same colour per target)."""
     groups: dict[str, list[dict[str, Any]]] = {}
     for r in runs:
         groups.setdefault(str(r.get("rate_label", "run")), []).append(r)
-    return groups
+    return {k: sorted(v, key=lambda r: str(r.get("label"))) for k, v in groups.items()}
 
 
 async def _compare(args: argparse.Namespace, spec: Spec, slo: Slo) -> dict[str, Any]:
