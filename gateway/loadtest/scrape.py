@@ -79,13 +79,14 @@ class Scraper:
         models = list(page.models.values())
         if not models:
             return
+        # A partial page (a gauge missing) counts the missing figure as 0.
         self.engine_series[url].append(
             {
                 "t": round(at, 3),
-                "running": sum(m.num_requests_running for m in models),
-                "waiting": sum(m.num_requests_waiting for m in models),
-                "kv_usage": max(m.kv_cache_usage for m in models),
-                "preemptions": sum(m.num_preemptions_total for m in models),
+                "running": sum(m.num_requests_running or 0 for m in models),
+                "waiting": sum(m.num_requests_waiting or 0 for m in models),
+                "kv_usage": max(m.kv_cache_usage or 0.0 for m in models),
+                "preemptions": sum(m.num_preemptions_total or 0 for m in models),
             }
         )
 
