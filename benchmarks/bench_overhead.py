@@ -42,7 +42,6 @@ import contextlib
 import json
 import multiprocessing as mp
 import os
-import platform
 import shutil
 import signal
 import statistics
@@ -60,6 +59,7 @@ from urllib.parse import urlsplit
 import httpx
 
 from gateway.harness import Child, GatewayProcess, SimProcess
+from gateway.loadtest.cpu import cpu_seconds, loadavg, machine, machine_busy
 
 MODEL = "tiny"
 PROMPT = "Say hello in one short sentence."
@@ -134,55 +134,6 @@ def start_gateway(workdir: Path, cfg: dict[str, Any]) -> tuple[Child, str]:
     """`kv-gateway serve` with that configuration."""
     gateway = GatewayProcess(cfg, workdir, startup_timeout_s=STARTUP_TIMEOUT_S, own_session=True)
     return gateway.start(), gateway.url
-
-
-# ---------------------------------------------------------------------------------------------
-# CPU accounting from /proc (Linux); elsewhere the utilisation columns stay empty
-
-
-_TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
-
-
-def cpu_seconds(pid: int) -> float | None:
-    """User + system CPU time of one process so far, or None if it cannot be read."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    fields = stat[stat.rindex(")") + 2 :].split()
-    return (int(fields[11]) + int(fields[12])) / _TICK  # utime, stime (fields 14, 15)
-
-
-def machine_busy() -> tuple[float, float] | None:
-    """(busy, total) CPU seconds of the whole machine so far, all cores (steal counts busy)."""
-    try:
-        fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
-    except (OSError, ValueError):
-        return None
-    idle = fields[3] + fields[4]  # idle, iowait
-    total = sum(fields[:8])  # guest time is already inside user
-    return (total - idle) / _TICK, total / _TICK
-
-
-def machine() -> dict[str, Any]:
-    model = platform.processor() or platform.machine()
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    return {
-        "nproc": os.cpu_count(),
-        "cpu": model,
-        "python": platform.python_version(),
-        "platform": platform.platform(),
-    }
-
-
-def loadavg() -> list[float]:
-    with contextlib.suppress(OSError, AttributeError):
-        return [round(x, 2) for x in os.getloadavg()]
-    return []
 
 
 # ---------------------------------------------------------------------------------------------

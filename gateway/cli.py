@@ -1,4 +1,4 @@
-"""The `kv-gateway` command line: serve | demo | sim | plan | hash-key.
+"""The `kv-gateway` command line: serve | demo | sim | plan | loadtest | hash-key.
 
 Each subcommand lives in its own module exposing `add_arguments(parser)` and `run(args) -> int`;
 modules are imported only when their subcommand runs, so `serve` never loads the simulator.
@@ -16,6 +16,10 @@ _COMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("gateway.demo", "two simulated engines and the gateway in front of them, no config"),
     "sim": ("gateway.sim.cli", "a simulated vLLM engine (OpenAI surface, KV blocks, /metrics)"),
     "plan": ("gateway.planner.cli", "capacity planner: GPU memory and utilization to KV blocks"),
+    "loadtest": (
+        "gateway.loadtest.cli",
+        "load-test a deployment: run, compare targets, sweep a setting (docs/loadtest.md)",
+    ),
     "hash-key": ("gateway.keys", "print the sha256 digest of an API key for the tenants config"),
 }
 

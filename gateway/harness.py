@@ -1,6 +1,7 @@
 """Servers of ours as child processes: the simulator, the gateway, and a private Redis.
 
-One harness for everything that starts them — `kv-gateway loadtest compare` and `sweep`, the
+One harness for everything that starts them (and `CommandProcess` for any other server started
+by a command, such as a real vLLM) — `kv-gateway loadtest compare` and `sweep`, the
 integration and end-to-end tests, and the developer benchmarks in `benchmarks/`:
 
     with SimProcess(num_gpu_blocks=257, max_model_len=512) as engine:      # `start()` on enter
@@ -21,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
+import os
 import shutil
 import signal
 import socket
@@ -117,6 +119,10 @@ class Child:
         return "\n".join(self.log_text().splitlines()[-lines:])
 
     def _spawn(self) -> None:
+        if self._own_dir is None and not self.workdir.exists():
+            # stop() removed the directory it made itself: a restart makes it again.
+            self.workdir.mkdir(parents=True)
+            self._own_dir = self.workdir
         with self.log_path.open("ab") as log:
             self.proc = subprocess.Popen(
                 self.argv,
@@ -344,3 +350,45 @@ class RedisServer:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+class CommandProcess(Child):
+    """Any server started by a command (e.g. a real vLLM for `kv-gateway loadtest sweep`),
+    in a session of its own; `stop()` ends its whole process group, since servers like vLLM
+    leave worker processes behind their main one."""
+
+    what = "engine"
+
+    def __init__(
+        self,
+        argv: Sequence[str],
+        *,
+        port: int,
+        ready_path: str = "/health",
+        workdir: Path | None = None,
+        startup_timeout_s: float = 300.0,
+        env: Mapping[str, str] | None = None,
+    ) -> None:
+        super().__init__(
+            argv,
+            port=port,
+            ready_path=ready_path,
+            workdir=workdir,
+            startup_timeout_s=startup_timeout_s,
+            own_session=True,
+            env=env,
+        )
+
+    def stop(self, grace_s: float = STOP_GRACE_S) -> None:
+        pid = self.pid
+        super().stop(grace_s)
+        if pid is not None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pid, signal.SIGKILL)
+
+    def kill(self) -> None:
+        pid = self.pid
+        super().kill()
+        if pid is not None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pid, signal.SIGKILL)

@@ -14,7 +14,8 @@ from gateway.planner import hfconfig, presets, render
 from gateway.planner.overhead import GIB
 from gateway.planner.plan import PlanInputs, make_plan
 from gateway.planner.presets import ModelSpec
-from gateway.planner.workload import Workload, WorkloadError, from_figures, from_trace
+from gateway.planner.workload import Workload, WorkloadError, from_figures, from_requests
+from gateway.traces import TraceError, read_trace
 
 
 class UsageError(ValueError):
@@ -57,7 +58,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     load.add_argument("--prompt-p95", type=int, help="95th percentile prompt tokens")
     load.add_argument("--output-mean", type=float, help="mean output tokens")
     load.add_argument("--output-p95", type=int, help="95th percentile output tokens")
-    load.add_argument("--trace", type=Path, help="JSONL: prompt_tokens, output_tokens per line")
+    load.add_argument(
+        "--trace",
+        type=Path,
+        help="a trace: JSONL (prompt_tokens/output_tokens, or Mooncake's input_length/"
+        "output_length) or CSV timestamp,input_tokens,output_tokens[,tenant]",
+    )
     load.add_argument(
         "--decode-tps", type=float, default=30.0, help="generated tokens/s per sequence"
     )
@@ -100,6 +106,22 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(render.table(plan))
     return 0
+
+
+def inputs_from_argv(argv: list[str]) -> PlanInputs:
+    """The plan inputs of `kv-gateway plan` flags (for `kv-gateway loadtest sweep`); raises
+    UsageError or ValueError with a one-line reason."""
+    parser = argparse.ArgumentParser(prog="kv-gateway plan", add_help=False, exit_on_error=False)
+    add_arguments(parser)
+    try:
+        args, rest = parser.parse_known_args(argv)
+    except argparse.ArgumentError as exc:
+        raise UsageError(str(exc)) from None
+    if rest:
+        raise UsageError(f"unknown planner option(s): {' '.join(rest)}")
+    inputs = _inputs(args)
+    inputs.validate()
+    return inputs
 
 
 def _inputs(args: argparse.Namespace) -> PlanInputs:
@@ -181,10 +203,10 @@ def _workload(args: argparse.Namespace) -> Workload | None:
             if any(value is not None for value in figures):
                 raise UsageError("give either --trace or the --prompt-/--output- figures")
             try:
-                text = args.trace.read_text(encoding="utf-8")
-            except OSError as exc:
-                raise UsageError(f"cannot read trace {args.trace}: {exc.strerror}") from None
-            return from_trace(text.splitlines(), source=str(args.trace))
+                trace = read_trace(args.trace)
+            except TraceError as exc:
+                raise UsageError(str(exc)) from None
+            return from_requests(trace.requests, source=str(args.trace))
         if args.prompt_mean is None and args.output_mean is None:
             if args.prompt_p95 is not None or args.output_p95 is not None:
                 raise UsageError("p95 figures need --prompt-mean and --output-mean")

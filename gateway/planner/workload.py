@@ -1,16 +1,18 @@
 """The workload a plan is sized for: prompt and output lengths, as means and 95th percentiles.
 
-Given as numbers, or read from a JSONL trace with `prompt_tokens` and `output_tokens` on each
-line. A request's length is prompt + output: the tokens its KV holds when it finishes (and,
+Given as numbers, or read from a trace through `gateway.traces` (the loadtest's reader: the
+planner's JSONL with `prompt_tokens` and `output_tokens` on each line, Mooncake JSONL, CSV).
+A request's length is prompt + output: the tokens its KV holds when it finishes (and,
 with the gateway's worst-case reservation, what it reserves when `max_tokens` is its output).
 """
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+
+from gateway.traces import TraceError, TraceRequest, parse_trace
 
 
 class WorkloadError(ValueError):
@@ -56,28 +58,22 @@ def from_figures(
 
 
 def from_trace(lines: Iterable[str], *, source: str = "trace") -> Workload:
-    """A workload from JSONL lines `{"prompt_tokens": P, "output_tokens": O, ...}`.
+    """A workload from a trace's lines, in any form `gateway.traces` reads: the planner's JSONL
+    (`{"prompt_tokens": P, "output_tokens": O}`), Mooncake JSONL or CSV.
 
     Blank lines are skipped; any other malformed line raises WorkloadError with its number.
     """
-    prompts: list[int] = []
-    outputs: list[int] = []
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:
-            raise WorkloadError(f"{source}:{number}: not JSON") from None
-        if not isinstance(record, dict):
-            raise WorkloadError(f"{source}:{number}: expected a JSON object")
-        prompt, output = record.get("prompt_tokens"), record.get("output_tokens")
-        if not _count(prompt) or not _count(output):
-            raise WorkloadError(
-                f"{source}:{number}: prompt_tokens and output_tokens must be whole numbers ≥ 0"
-            )
-        prompts.append(prompt)  # type: ignore[arg-type]
-        outputs.append(output)  # type: ignore[arg-type]
+    try:
+        trace = parse_trace(lines, source=source)
+    except TraceError as exc:
+        raise WorkloadError(str(exc)) from None
+    return from_requests(trace.requests, source=source)
+
+
+def from_requests(requests: Sequence[TraceRequest], *, source: str = "trace") -> Workload:
+    """A workload from parsed trace requests (at least one)."""
+    prompts = [r.input_tokens for r in requests]
+    outputs = [r.output_tokens for r in requests]
     if not prompts:
         raise WorkloadError(f"{source}: no requests in the trace")
     totals = [p + o for p, o in zip(prompts, outputs, strict=True)]
@@ -101,7 +97,3 @@ def percentile(values: Sequence[int], pct: float) -> int:
     ordered = sorted(values)
     rank = max(1, math.ceil(pct / 100 * len(ordered)))
     return ordered[rank - 1]
-
-
-def _count(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0

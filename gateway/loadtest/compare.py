@@ -1,0 +1,324 @@
+"""`kv-gateway loadtest compare`: one workload against several targets in one run.
+
+A spec file (YAML) names the targets and, optionally, simulated engines the tool starts
+itself; `--target` flags add targets that are already running:
+
+    engines:                       # simulated engines (the harness starts them)
+      count: 2
+      flags: {num_gpu_blocks: 64, block_size: 16, max_num_seqs: 16, decode_ms_base: 10}
+    targets:
+      - name: direct               # the engines themselves, client-side round robin
+        direct: true
+      - name: gateway
+        gateway: {admission: {reservation: worst_case}}   # merged into the generated config
+      - name: remote
+        url: http://10.0.0.5:8000
+    rates: [0.5x, 1x, 2x]          # × capacity, or absolute req/s (then no capacity run)
+    order: interleaved             # or sequential
+    capacity_requests: 200
+
+Capacity is the direct targets' saturated throughput (rate inf), measured first in the same
+run. Before every run the simulated engines are restarted and a gateway target gets a fresh
+gateway: each run starts from a clean state. Runs go rate by rate, the targets' order
+rotating (interleaved), or target by target (sequential).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import math
+import tempfile
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from gateway.loadtest import options, report
+from gateway.loadtest.aggregate import Slo, parse_slo
+from gateway.loadtest.arrivals import Rate
+from gateway.loadtest.measure import measure
+from gateway.loadtest.prompts import PromptBuilder
+from gateway.loadtest.setups import ManagedGateway, SimFleet, merge
+from gateway.loadtest.targets import Target, parse_target, resolve
+
+SPEC_KEYS = {"engines", "targets", "rates", "order", "capacity_requests", "gateway"}
+TARGET_KEYS = {"name", "direct", "gateway", "url"}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--spec", type=Path, help="compare spec (YAML), see the docs")
+    parser.add_argument(
+        "--target", action="append", default=[], help="[NAME=]URL[,URL...] (repeatable)"
+    )
+    parser.add_argument("--rates", help="comma-separated: 0.5x,1x,2x (× capacity) or req/s")
+    parser.add_argument("--order", choices=("interleaved", "sequential"))
+    parser.add_argument("--capacity-requests", type=int, help="requests of the capacity run")
+
+
+@dataclass(frozen=True, slots=True)
+class TargetSpec:
+    name: str
+    direct: bool = False
+    gateway: dict[str, Any] | None = None
+    url: str | None = None
+
+
+@dataclass
+class Spec:
+    targets: list[TargetSpec]
+    engines: dict[str, Any] | None = None
+    rates: list[str] = field(default_factory=list)
+    order: str = "interleaved"
+    capacity_requests: int = 200
+    gateway: dict[str, Any] = field(default_factory=dict)
+
+
+def read_spec(args: argparse.Namespace) -> Spec:
+    data: dict[str, Any] = {}
+    if args.spec is not None:
+        try:
+            loaded = yaml.safe_load(args.spec.read_text(encoding="utf-8"))
+        except OSError as exc:
+            raise ValueError(f"cannot read {args.spec}: {exc.strerror}") from None
+        except yaml.YAMLError as exc:
+            raise ValueError(f"{args.spec}: not YAML ({str(exc).splitlines()[0]})") from None
+        if not isinstance(loaded, dict):
+            raise ValueError(f"{args.spec}: expected a mapping")
+        unknown = sorted(set(loaded) - SPEC_KEYS)
+        if unknown:
+            raise ValueError(f"{args.spec}: unknown key(s) {', '.join(unknown)}")
+        data = loaded
+    targets = []
+    for n, item in enumerate(data.get("targets") or [], start=1):
+        if not isinstance(item, dict) or set(item) - TARGET_KEYS:
+            raise ValueError(f"compare spec: target {n} must be a mapping of {TARGET_KEYS}")
+        kinds = sum([bool(item.get("direct")), "gateway" in item, "url" in item])
+        if kinds != 1:
+            raise ValueError(f"compare spec: target {n} needs one of direct, gateway, url")
+        targets.append(
+            TargetSpec(
+                str(item.get("name", f"target{n}")),
+                bool(item.get("direct")),
+                dict(item["gateway"] or {}) if "gateway" in item else None,
+                item.get("url"),
+            )
+        )
+    for text in args.target:
+        name, urls = parse_target(text, f"target{len(targets) + 1}")
+        targets.append(TargetSpec(name, url=",".join(urls)))
+    if len(targets) < 1:
+        raise ValueError("compare needs targets: --spec FILE and/or --target URL")
+    if len({t.name for t in targets}) != len(targets):
+        raise ValueError("compare: target names must be unique")
+    engines = data.get("engines")
+    if any(t.direct or t.gateway is not None for t in targets) and not engines:
+        raise ValueError("compare spec: direct and gateway targets need 'engines:'")
+    rates = args.rates.split(",") if args.rates else [str(r) for r in data.get("rates") or []]
+    spec = Spec(
+        targets,
+        engines,
+        [r.strip() for r in rates if r.strip()],
+        args.order or str(data.get("order", "interleaved")),
+        args.capacity_requests or int(data.get("capacity_requests", 200)),
+        dict(data.get("gateway") or {}),
+    )
+    if spec.order not in ("interleaved", "sequential"):
+        raise ValueError("compare: order is interleaved or sequential")
+    for rate in spec.rates:
+        _rate_value(rate, 1.0)
+    return spec
+
+
+def _rate_value(text: str, capacity: float | None) -> float:
+    relative = text.lower().endswith("x")
+    try:
+        number = float(text[:-1] if relative else text)
+    except ValueError:
+        raise ValueError(
+            f"rate {text!r}: expected a number (req/s) or a multiple like 0.5x"
+        ) from None
+    if not number > 0:
+        raise ValueError(f"rate {text!r} must be positive")
+    if relative:
+        if capacity is None:
+            raise ValueError("relative rates need a direct target to measure capacity")
+        return number * capacity
+    return number
+
+
+def run(args: argparse.Namespace) -> int:
+    from gateway.loadtest.cli import finish
+
+    spec = read_spec(args)
+    slo = parse_slo(args.slo)
+    document = asyncio.run(_compare(args, spec, slo))
+    runs = document["runs"]
+    headers, rows = report.comparison_rows(runs)
+    if document.get("capacity"):
+        print(f"capacity (direct, rate inf): {document['capacity']['requests_per_s']:.2f} req/s")
+    report.print_table(headers, rows)
+    for r in runs:
+        for warning in r.get("warnings", []):
+            print(f"WARNING ({r['label']}): {warning}")
+    code = finish(
+        args,
+        document,
+        [*([document["capacity_run"]] if "capacity_run" in document else []), *runs],
+        single=False,
+    )
+    if args.plots is not None and runs:
+        from gateway.loadtest import plots
+
+        for label, group in _groups(runs).items():
+            for path in plots.write_run_plots(group, Path(args.plots), prefix=f"compare-{label}-"):
+                print(f"wrote {path}")
+    return code
+
+
+def _groups(runs: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    """Runs by rate, each group in the same target order (the same colour per target)."""
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for r in runs:
+        groups.setdefault(str(r.get("rate_label", "run")), []).append(r)
+    return {k: sorted(v, key=lambda r: str(r.get("label"))) for k, v in groups.items()}
+
+
+async def _compare(args: argparse.Namespace, spec: Spec, slo: Slo) -> dict[str, Any]:
+    workdir = Path(tempfile.mkdtemp(prefix="kvgw-compare-"))
+    fleet = None
+    if spec.engines is not None:
+        flags = dict(spec.engines.get("flags") or {})
+        fleet = SimFleet(int(spec.engines.get("count", 1)), flags, workdir)
+    gateway = ManagedGateway(workdir)
+    builder = PromptBuilder.from_spec(args.tokenizer, args.model or "model")
+    document: dict[str, Any] = {"spec": _spec_dict(spec), "runs": []}
+    try:
+        if fleet is not None:
+            await fleet.start()
+        capacity = None
+        if any(r.lower().endswith("x") for r in spec.rates):
+            direct = next((t for t in spec.targets if t.direct), None)
+            if direct is None:
+                raise ValueError("relative rates need a 'direct: true' target")
+            capacity_run = await _one(
+                args, spec, direct, fleet, gateway, builder, slo, math.inf, "capacity",
+                requests=spec.capacity_requests,
+            )  # fmt: skip
+            document["capacity_run"] = capacity_run
+            capacity = capacity_run["summary"]["throughput"]["requests_per_s"]
+            document["capacity"] = {
+                "requests_per_s": capacity,
+                "output_tokens_per_s": capacity_run["summary"]["throughput"]["output_tokens_per_s"],
+            }
+            if capacity_run.get("interrupted") or not capacity:
+                document["runs"].append(capacity_run)
+                return document
+        for rate_text, target in _plan(spec):
+            rate = _rate_value(rate_text, capacity) if rate_text else None
+            result = await _one(args, spec, target, fleet, gateway, builder, slo, rate, rate_text)
+            document["runs"].append(result)
+            if result.get("interrupted"):
+                break
+    finally:
+        await gateway.stop()
+        if fleet is not None:
+            await fleet.stop()
+    return document
+
+
+def _plan(spec: Spec) -> list[tuple[str, TargetSpec]]:
+    rates = spec.rates or [""]
+    if spec.order == "sequential":
+        return [(rate, t) for t in spec.targets for rate in rates]
+    plan = []
+    for n, rate in enumerate(rates):
+        k = n % len(spec.targets)
+        plan += [(rate, t) for t in spec.targets[k:] + spec.targets[:k]]
+    return plan
+
+
+async def _one(
+    args: argparse.Namespace,
+    spec: Spec,
+    target: TargetSpec,
+    fleet: SimFleet | None,
+    gateway: ManagedGateway,
+    builder: PromptBuilder,
+    slo: Slo,
+    rate: float | None,
+    rate_label: str,
+    *,
+    requests: int | None = None,
+) -> dict[str, Any]:
+    from gateway.loadtest.cli import admin_key, engine_metrics
+
+    if fleet is not None and (target.direct or target.gateway is not None):
+        await fleet.restart()
+    try:
+        if target.direct:
+            assert fleet is not None
+            name, urls = target.name, tuple(fleet.urls)
+        elif target.gateway is not None:
+            assert fleet is not None
+            config = ManagedGateway.config(
+                fleet.gateway_engines(),
+                args.model or fleet.model,
+                args.tokenizer,
+                merge(spec.gateway, target.gateway),
+            )
+            name, urls = target.name, (await gateway.start(config),)
+        else:
+            assert target.url is not None
+            name, urls = parse_target(f"{target.name}={target.url}")
+        resolved: Target = await resolve(
+            name,
+            urls,
+            model=args.model,
+            admin_key=admin_key(args),
+            engine_metrics=engine_metrics(args),
+        )
+        assert resolved.model is not None
+        if rate is None:
+            cfg = options.run_config(args, resolved.model, resolved.max_model_len)
+        else:
+            arrivals = Rate(rate, 1.0 if math.isinf(rate) else args.burstiness)
+            cfg = options.run_config(
+                args, resolved.model, resolved.max_model_len, arrivals=arrivals,
+                override_load=True,
+            )  # fmt: skip
+            if requests is not None:
+                cfg = replace(cfg, max_requests=requests, duration_s=None, warmup=0)
+        label = f"{target.name} @ {rate_label}" if rate_label else target.name
+        return await measure(
+            resolved,
+            cfg,
+            builder,
+            slo=slo,
+            label=label,
+            scrape_interval_s=args.scrape_interval,
+            admin_key=admin_key(args),
+            progress=not args.quiet,
+            timeout_s=args.timeout,
+            extra={"rate_label": rate_label or "run", "rate": rate},
+        )
+    finally:
+        await gateway.stop()
+
+
+def _spec_dict(spec: Spec) -> dict[str, Any]:
+    return {
+        "targets": [
+            t.__dict__ if hasattr(t, "__dict__") else _target_dict(t) for t in spec.targets
+        ],
+        "engines": spec.engines,
+        "rates": spec.rates,
+        "order": spec.order,
+        "capacity_requests": spec.capacity_requests,
+        "gateway": spec.gateway,
+    }
+
+
+def _target_dict(t: TargetSpec) -> dict[str, Any]:
+    return {"name": t.name, "direct": t.direct, "gateway": t.gateway, "url": t.url}

@@ -1,0 +1,102 @@
+"""`kv-gateway loadtest sweep` against the real engine: three KV cache sizes
+(`--kv-cache-memory-bytes`, CPU's stand-in for gpu_memory_utilization), vLLM restarted for each
+by the spec's command template, the same load direct at each. A freshly started engine is slow
+on its first requests (TTFT ~0.5 s), so the first wave is warm-up, left out of the figures.
+
+Named to run first in the package: the package's shared engine (`vllm_url`) starts only when a
+later test asks for it, so two engines never share the 2 cores.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import sys
+from pathlib import Path
+
+import pytest
+
+from gateway.cli import main
+from tests.e2e import conftest
+
+pytestmark = pytest.mark.vllm
+
+BYTES_PER_BLOCK = conftest.BLOCK_SIZE * 1024  # fp32 tiny model: 1,024 B per token
+BLOCKS = [32, 12, 6]  # large to small: TTFT and preemptions should grow as the cache shrinks
+
+
+def test_sweep_kv_cache_bytes_on_the_real_engine(
+    vllm_model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    command = [
+        str(conftest.VLLM_PYTHON), "-m", "vllm.entrypoints.openai.api_server",
+        "--model", str(vllm_model_dir), "--served-model-name", "tiny",
+        "--max-model-len", str(conftest.MAX_MODEL_LEN),
+        "--max-num-seqs", str(conftest.MAX_NUM_SEQS),
+        "--dtype", "float32", "--enforce-eager",
+        "--host", "127.0.0.1", "--port", "{port}",
+    ]  # fmt: skip
+    spec = {
+        "parameter": "kv_cache_memory_bytes",
+        "values": [n * BYTES_PER_BLOCK for n in BLOCKS],
+        "command": shlex.join(command) + " --kv-cache-memory-bytes {value}",
+        "url": "http://127.0.0.1:{port}",
+        "env": {
+            "HF_HUB_OFFLINE": "1",
+            "TRANSFORMERS_OFFLINE": "1",
+            "VLLM_NO_USAGE_STATS": "1",
+            "VLLM_DO_NOT_TRACK": "1",
+            "VLLM_CACHE_ROOT": str(tmp_path / "vllm-cache"),
+            "VLLM_CPU_KVCACHE_SPACE": None,  # else it decides the KV size
+            # The engine's threads on one core: the API server that streams the tokens and this
+            # client keep the other (with both cores it starves them, and tokens come in bursts).
+            "VLLM_CPU_OMP_THREADS_BIND": "0",
+        },
+        "startup_timeout_s": 240,
+        "planner": {
+            "model": str(vllm_model_dir / "config.json"),
+            "gpu-memory-gib": 24,
+            "dtype": "float32",
+            "block-size": conftest.BLOCK_SIZE,
+            "max-model-len": conftest.MAX_MODEL_LEN,
+        },
+        "through": "direct",
+    }
+    spec_path = tmp_path / "sweep.yaml"
+    spec_path.write_text(json.dumps(spec))
+    out = tmp_path / "sweep.json"
+    code = main(
+        [
+            "loadtest", "sweep", "--spec", str(spec_path),
+            "--tokenizer", f"hf:{vllm_model_dir}", "--api", "completions",
+            "--concurrency", str(conftest.MAX_NUM_SEQS), "--requests", "48", "--warmup", "8",
+            "--input-len", "100", "--output-len", "150", "--scrape-interval", "0.25",
+            "--timeout", "300", "--json", str(out), "--quiet",
+        ]
+    )  # fmt: skip
+    printed = capsys.readouterr()
+    sys.stdout.write(printed.out)
+    if code != 0 and "did not start" in printed.out + printed.err:
+        conftest.explain_failure(f"the sweep's engine did not start:\n{printed.out}{printed.err}")
+    assert code == 0, printed.err
+    assert "kv_cache_memory_bytes" in printed.out and "recommendation" in printed.out
+    rows = json.loads(out.read_text())["rows"]
+    assert not any(r.get("skipped") for r in rows), rows
+    for row, blocks in zip(rows, BLOCKS, strict=True):
+        # The planner's prediction for the byte budget is what the engine reports.
+        assert row["planned_blocks"] == row["reported_blocks"] == blocks
+        assert row["success_rate"] == 1.0
+    large, middle, small = rows
+    # 8 requests growing to 250 tokens (2 blocks each) fit in 31 usable blocks; in 11 five
+    # run at once, in 5 two: preemptions, and requests waiting for their first token.
+    assert large["preemptions"] == 0 < middle["preemptions"]
+    assert middle["preemptions"] <= small["preemptions"]
+    # Medians: one stall of the engine on a busy 2-core machine moves a mean, not a median.
+    assert large["ttft_p50_ms"] < small["ttft_p50_ms"]
+    conftest.record_figure(
+        "loadtest sweep (blocks: preemptions, TTFT p50 / mean ms)",
+        ", ".join(
+            f"{b}: {r['preemptions']}, {r['ttft_p50_ms']:.0f} / {r['ttft_mean_ms']:.0f}"
+            for b, r in zip(BLOCKS, rows, strict=True)
+        ),
+    )
