@@ -14,14 +14,17 @@ produce 600 tokens, far beyond any prediction. With `--stream` the answers are s
 and the gateway extends a stream's lease as it outgrows its prediction. After `--warmup-s`
 (the predictor learns; it is not measured) the script counts, for `--seconds`: requests
 completed per second, output tokens per second, latency p50/p95, 429s, and from the engine
-the preemptions and the peak of running requests; then prints the ratio predicted / worst
-case.
+the preemptions and the peak of running requests; then a table of the settings and, for each
+adaptive one, the curve of the fixed settings at its preemption rate. With a long tail, give
+a warm-up of several times the long answers' duration (`--warmup-s 45` in docs/benchmarks.md):
+the predictor learns from completed requests, and the long ones complete last.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import random
 import statistics
@@ -210,7 +213,17 @@ def main() -> int:
     )
     parser.add_argument("--json", type=Path)
     parser.add_argument("--plot", type=Path, help="PNG: throughput against preemptions/1000")
+    parser.add_argument("--plot-note", default="", help="a second title line for the plot")
+    parser.add_argument(
+        "--replot", type=Path, help="only plot (and compare) the results of an earlier --json"
+    )
     args = parser.parse_args()
+    if args.replot:
+        results = json.loads(args.replot.read_text())["results"]
+        against_curve(results)
+        if args.plot:
+            plot(results, args.plot, note=args.plot_note)
+        return 0
     settings = [Setting.parse(t, args.kv_ceiling) for t in args.settings.split(",")]
     print(f"machine: {machine()}")
     print(
@@ -243,13 +256,61 @@ def main() -> int:
         args.json.write_text(json.dumps({"args": vars(args) | {"json": str(args.json),
                                          "plot": str(args.plot)}, "results": results},
                                         indent=2))  # fmt: skip
+    against_curve(results)
     if args.plot:
-        plot(results, args.plot)
+        plot(results, args.plot, note=args.plot_note)
     return 0
 
 
-def plot(results: dict[str, dict[str, Any]], path: Path) -> None:
-    """Throughput against preemptions per 1,000 requests, one point per setting."""
+def frontier(results: dict[str, dict[str, Any]]) -> list[tuple[float, float]]:
+    """The fixed settings' curve: (preemptions/1000, completed/s) of each non-adaptive
+    setting that no other beats on both (fewer preemptions and more throughput), by
+    preemptions."""
+    points = sorted(
+        (r["preemptions_per_1000"], -r["completed_per_s"])
+        for label, r in results.items()
+        if not label.startswith("adaptive")
+    )
+    curve: list[tuple[float, float]] = []
+    for x, minus_y in points:
+        if not curve or -minus_y > curve[-1][1]:
+            curve.append((x, -minus_y))
+    return curve
+
+
+def curve_at(curve: list[tuple[float, float]], x: float) -> float | None:
+    """The curve's throughput at `x` preemptions/1000 (straight lines between its points;
+    the first point's below it); None past its last point."""
+    if not curve or x > curve[-1][0]:
+        return None
+    if x <= curve[0][0]:
+        return curve[0][1]
+    for (x0, y0), (x1, y1) in itertools.pairwise(curve):
+        if x0 <= x <= x1:
+            return y0 + (y1 - y0) * (x - x0) / (x1 - x0) if x1 > x0 else max(y0, y1)
+    return None
+
+
+def against_curve(results: dict[str, dict[str, Any]]) -> None:
+    """For each adaptive setting: the curve's throughput at its preemption rate."""
+    curve = frontier(results)
+    for label, r in results.items():
+        if not label.startswith("adaptive"):
+            continue
+        at = curve_at(curve, r["preemptions_per_1000"])
+        if at is None:
+            print(f"{label}: past the curve's last point")
+            continue
+        print(
+            f"{label}: {r['completed_per_s']:.2f} req/s against {at:.2f} on the curve at "
+            f"{r['preemptions_per_1000']:.2f} preemptions/1000 "
+            f"({r['completed_per_s'] / at - 1:+.1%})"
+        )
+
+
+def plot(results: dict[str, dict[str, Any]], path: Path, note: str = "") -> None:
+    """Throughput against preemptions per 1,000 requests, one point per setting, and the
+    curve of the fixed settings."""
     try:
         import matplotlib
 
@@ -258,16 +319,25 @@ def plot(results: dict[str, dict[str, Any]], path: Path) -> None:
     except ImportError:
         print("--plot needs matplotlib (pip install 'kv-gateway[loadtest]')")
         return
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    fig, ax = plt.subplots(figsize=(8, 5))
+    curve = frontier(results)
+    ax.plot([x for x, _ in curve], [y for _, y in curve], color="0.6", lw=1, zorder=1,
+            label="curve of the fixed settings")  # fmt: skip
     for label, r in results.items():
-        marker = "*" if label.startswith("adaptive") else "o"
-        ax.scatter(r["preemptions_per_1000"], r["completed_per_s"], marker=marker, s=80)
-        ax.annotate(label, (r["preemptions_per_1000"], r["completed_per_s"]), fontsize=8,
-                    xytext=(4, 4), textcoords="offset points")  # fmt: skip
-    ax.set_xlabel("preemptions per 1,000 completed requests")
+        adaptive = label.startswith("adaptive")
+        ax.scatter(r["preemptions_per_1000"], r["completed_per_s"], zorder=2,
+                   marker="*" if adaptive else "o", s=160 if adaptive else 50,
+                   color="tab:red" if adaptive else "tab:blue")  # fmt: skip
+        ax.annotate(label, (r["preemptions_per_1000"], r["completed_per_s"]), fontsize=7,
+                    xytext=(5, -10 if adaptive else 4), textcoords="offset points")  # fmt: skip
+    ax.set_xscale("symlog", linthresh=1)
+    ax.set_xlim(left=-0.2)
+    ax.set_xlabel("preemptions per 1,000 completed requests (linear below 1, log above)")
     ax.set_ylabel("completed requests per second")
-    ax.set_title("Reservation settings on a long-tail workload")
-    ax.grid(alpha=0.3)
+    ax.set_title("Reservation settings on a long-tail workload" + (f"\n{note}" if note else ""),
+                 fontsize=9)  # fmt: skip
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(loc="lower right", fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     print(f"plot: {path}")

@@ -30,6 +30,7 @@ import aiohttp
 
 from gateway.harness import free_port
 from gateway.tokens import HfTokenizer, TokenCounter, bundled_tokenizer_path, make_counter
+from gateway.tokens.chat import ChatInput
 
 MODEL = "tiny"
 SIZES = {"short": 200, "medium": 4 * 1024, "long": 64 * 1024}
@@ -86,9 +87,13 @@ async def timed(call: Callable[[], Awaitable[int]], seconds: float) -> tuple[int
 
 
 def counter_call(counter: TokenCounter, kind: str, value: Any) -> Callable[[], Awaitable[int]]:
-    if kind == "prompt":
-        return lambda: counter.count_prompt(value)
-    return lambda: counter.count_chat(value)
+    async def prompt() -> int:
+        return (await counter.count_prompt(value)).count
+
+    async def chat() -> int:
+        return (await counter.count_chat(ChatInput(value))).count
+
+    return prompt if kind == "prompt" else chat
 
 
 def machine() -> str:

@@ -10,6 +10,8 @@ import argparse
 import importlib
 import sys
 
+from gateway.version import __version__
+
 # subcommand → (module, one-line help)
 _COMMANDS: dict[str, tuple[str, str]] = {
     "serve": ("gateway.serve", "run the gateway from a YAML config"),
@@ -26,6 +28,7 @@ _COMMANDS: dict[str, tuple[str, str]] = {
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="kv-gateway", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"kv-gateway {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, (module_name, help_text) in _COMMANDS.items():
         p = sub.add_parser(name, help=help_text, description=help_text)

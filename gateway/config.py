@@ -15,7 +15,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from gateway.core.reservation import AdaptivePolicy, PredictionPolicy
-from gateway.core.routing import DEFAULT_SCORERS, SCORERS
+from gateway.core.routing import DEFAULT_CACHED_BLOCK_WEIGHT, DEFAULT_SCORERS, SCORERS
 
 TOKENIZER_KINDS = ("tiktoken:", "hf:", "engine", "estimate", "estimate:")
 
@@ -43,6 +43,15 @@ class EngineConfig(_Strict):
     # For vLLM's default max_num_seqs when it is not configured: gpu (256), gpu-large
     # (≥ 70 GiB, not A100: 1024), cpu or cpu:<world size> (128 × world size).
     platform: str = "gpu"
+    # The engine's own flags that change what a chat prompt holds, which the gateway cannot
+    # read from it: `--exclude-tools-when-tool-choice-none` (tools are not rendered for
+    # tool_choice "none") and `--trust-request-chat-template` (a request's own chat_template
+    # is taken; else the engine refuses it, and so does the gateway, before reserving).
+    exclude_tools_when_tool_choice_none: bool = False
+    trust_request_chat_template: bool = False
+    # The engine's KV-cache event publisher (vLLM's `--kv-events-config` with the zmq
+    # publisher), e.g. tcp://10.0.0.5:5557: its events feed the prefix index (exact mode).
+    kv_events: str | None = None
 
     @field_validator("platform")
     @classmethod
@@ -60,9 +69,71 @@ class EngineConfig(_Strict):
             raise ValueError(f"must be an http(s) URL like http://127.0.0.1:8001, got {url!r}")
         return url.rstrip("/")
 
+    @field_validator("kv_events")
+    @classmethod
+    def _zmq_endpoint(cls, endpoint: str | None) -> str | None:
+        if endpoint is None:
+            return None
+        scheme, _, rest = endpoint.partition("://")
+        host, _, port = rest.rpartition(":")
+        if scheme == "ipc" and rest:
+            return endpoint
+        if scheme == "tcp" and host and host != "*" and port.isdigit():
+            return endpoint
+        raise ValueError(
+            f"must be the engine's publisher to connect to, like tcp://10.0.0.5:5557, "
+            f"got {endpoint!r}"
+        )
+
     @property
     def display_name(self) -> str:
         return self.name or urlsplit(self.url).netloc
+
+
+class FetchConfig(_Strict):
+    """Fetching remote images to read their size (off by default: a gateway that fetches
+    client URLs is a client of whatever they name). Without it, a remote image counts at its
+    worst case."""
+
+    enabled: bool = False
+    max_bytes: PositiveInt = 20 * 1024 * 1024
+    timeout_s: float = Field(default=5.0, gt=0)
+
+
+class WorstCaseConfig(_Strict):
+    """Tokens one media item of each kind is counted at when the gateway cannot read its
+    size. null: refused (400) — never counted as 0. `image` defaults to the family's largest
+    image."""
+
+    image: PositiveInt | None = None
+    video: PositiveInt | None = None
+    audio: PositiveInt | None = None
+
+
+class MediaConfig(_Strict):
+    """How a vision (or audio) model's media parts are counted (docs/tokens.md, "Media")."""
+
+    # The processor rule: qwen2_vl, qwen2_5_vl, qwen3_vl (resized within min/max pixels,
+    # 2x2-merged patches), llava (576 per image), fixed (image_tokens per image). null: no
+    # rule; images count at worst_case.image.
+    family: Literal["qwen2_vl", "qwen2_5_vl", "qwen3_vl", "llava", "fixed"] | None = None
+    # The model's preprocessor_config.json values when they differ from the family's.
+    min_pixels: PositiveInt | None = None
+    max_pixels: PositiveInt | None = None
+    image_tokens: PositiveInt | None = None  # `fixed` (and `llava`): tokens per image
+    worst_case: WorstCaseConfig = WorstCaseConfig()
+    max_image_bytes: PositiveInt = 20 * 1024 * 1024
+    max_image_pixels: PositiveInt = 178_956_970  # vLLM's VLLM_MAX_IMAGE_PIXELS
+    fetch: FetchConfig = FetchConfig()
+    # The `engine` counter: the engine's /tokenize counts media (vLLM 0.32 does). false: the
+    # gateway adds its own media count to the engine's.
+    engine_counts_media: bool = True
+
+    @model_validator(mode="after")
+    def _fixed_needs_tokens(self) -> MediaConfig:
+        if self.family == "fixed" and self.image_tokens is None:
+            raise ValueError("family 'fixed' needs image_tokens")
+        return self
 
 
 class ModelConfig(_Strict):
@@ -70,6 +141,14 @@ class ModelConfig(_Strict):
 
     name: str
     tokenizer: str = "engine"
+    # The engines' `--default-chat-template-kwargs` for this model (e.g. enable_thinking:
+    # false): the `hf:` counter renders with them under each request's own kwargs.
+    default_chat_template_kwargs: dict[str, Any] | None = None
+    # Whether the model keeps a KV cache for its prompts (decoder models, embeddings from
+    # them included). false (encoder-only poolers): embeddings/score/rerank requests take
+    # sequence slots but no KV blocks.
+    uses_kv_cache: bool = True
+    media: MediaConfig | None = None
 
     @field_validator("tokenizer")
     @classmethod
@@ -134,6 +213,10 @@ class AdmissionConfig(_Strict):
     # vLLM 0.32 generates) what fits; `refuse` answers 400 as most vLLM versions and OpenAI.
     # A max_tokens larger than the whole context is refused either way.
     over_length: Literal["refuse", "clamp"] = "clamp"
+    # Sequences per engine admitted beyond max_num_seqs to wait inside the engine (blocks
+    # reserved as for any other): a finishing sequence's slot is taken at the engine's next
+    # step, as when clients go direct, not after a round trip through the gateway.
+    staged_seqs: int = Field(default=2, ge=0)
     # Retry-After when no release has been observed yet to estimate a drain rate from.
     retry_fallback_s: float = Field(default=2.0, gt=0)
     # Window over which the release rate (blocks per second) is measured.
@@ -146,8 +229,21 @@ class AdmissionConfig(_Strict):
     active_window_s: float = Field(default=10.0, gt=0)
 
 
+class PrefixCacheConfig(_Strict):
+    """vLLM's automatic prefix caching in the footprint and the routing (gateway/prefixes.py)."""
+
+    # Credit a footprint with the prompt blocks live leases already hold on the engine.
+    credit: bool = True
+    # Block hashes this replica remembers having sent to engines (about 150 bytes each,
+    # measured in docs/benchmarks.md), for routing to where a prompt is cached; 0: no index.
+    index_entries: int = Field(default=1_000_000, ge=0)
+
+
 class RoutingConfig(_Strict):
     scorers: list[str] = Field(default_factory=lambda: list(DEFAULT_SCORERS))
+    # What one block expected in an engine's prefix cache is worth to `most_free_after`, in
+    # free blocks (it saves that block's prefill): higher keeps shared prefixes together.
+    cached_block_weight: float = Field(default=DEFAULT_CACHED_BLOCK_WEIGHT, ge=0)
     seed: int | None = None
 
     @field_validator("scorers")
@@ -257,6 +353,11 @@ class RedisConfig(_Strict):
     local_share: float = Field(default=0.5, gt=0, le=1)
     # A Redis call (connect, or a script's answer) slower than this counts as Redis lost.
     timeout_s: float = Field(default=1.0, gt=0)
+    # Connections to Redis per gateway process: one for the change notices, one for the lease
+    # renewals, the rest for admissions and releases, which wait for a free one (never
+    # counted as Redis lost). Waiting requests hold none. Size: calls per second × round trip
+    # (2,000 req/s × 2 calls × ~1 ms ≈ 4 busy), plus room for bursts.
+    max_connections: int = Field(default=32, ge=3)
 
 
 class HealthConfig(_Strict):
@@ -281,6 +382,7 @@ class GatewayConfig(_Strict):
     queue: QueueConfig = QueueConfig()
     admission: AdmissionConfig = AdmissionConfig()
     routing: RoutingConfig = RoutingConfig()
+    prefix_cache: PrefixCacheConfig = PrefixCacheConfig()
     upstream: UpstreamConfig = UpstreamConfig()
     health: HealthConfig = HealthConfig()
     clients: ClientsConfig = ClientsConfig()
@@ -307,13 +409,22 @@ class GatewayConfig(_Strict):
             raise ValueError("an API key digest is listed for more than one tenant")
         if set(keys) & set(self.admin.api_keys):
             raise ValueError("an admin key digest is also a tenant's: give admins their own keys")
+        if self.prefix_cache.index_entries == 0 and any(e.kv_events for e in self.engines):
+            raise ValueError(
+                "engines[].kv_events feeds the prefix index: it needs "
+                "prefix_cache.index_entries > 0"
+            )
         return self
 
     def tokenizer_for(self, model: str) -> str:
+        return self.model_settings(model).tokenizer
+
+    def model_settings(self, model: str) -> ModelConfig:
+        """The configured entry of `model`, or the defaults (the `engine` counter)."""
         for m in self.models:
             if m.name == model:
-                return m.tokenizer
-        return "engine"
+                return m
+        return ModelConfig(name=model)
 
 
 def _describe(error: ValidationError) -> str:

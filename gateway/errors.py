@@ -73,6 +73,15 @@ class ModelNotFound(GatewayError):
     code = "model_not_found"
 
 
+class EndpointNotServed(GatewayError):
+    """404: the engines serving the model do not serve this endpoint (vLLM serves
+    embeddings, score and rerank only for pooling models, for instance)."""
+
+    status = 404
+    type = "invalid_request_error"
+    code = "endpoint_not_served"
+
+
 class RateLimited(GatewayError):
     """429: the gateway will not take this request now; `Retry-After` says when to try."""
 

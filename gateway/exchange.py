@@ -42,6 +42,7 @@ client.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 import uuid
@@ -53,16 +54,43 @@ from gateway.core.retry import RetryAdvice
 from gateway.core.tenants import RateLimitValues
 from gateway.core.types import DEFAULT_TENANT, EngineSpec, TenantPolicy
 from gateway.engines.pool import EnginePool
-from gateway.errors import GatewayError, ModelNotFound, RateLimited, UpstreamUnavailable
-from gateway.metrics import GatewayMetrics
+from gateway.errors import (
+    EndpointNotServed,
+    GatewayError,
+    ModelNotFound,
+    RateLimited,
+    UpstreamUnavailable,
+)
+from gateway.metrics import REFUSED_STATUSES, GatewayMetrics
 from gateway.request import Inbound, Kind
 from gateway.service import Admitted, Service
 from gateway.state.base import Lease
+from gateway.stored_responses import response_facts
 from gateway.usage import UsageMeter
 
 log = logging.getLogger(__name__)
+access_log = logging.getLogger("gateway.access")
+"""One line per request as it ends (`--log-format json` shows it; see docs/operations.md)."""
 
 PATHS: dict[Kind, str] = {"chat": "/v1/chat/completions", "completion": "/v1/completions"}
+"""The completions endpoints (the hot path's first two), by kind."""
+ROUTES: dict[str, Kind] = {
+    "/v1/chat/completions": "chat",
+    "/v1/completions": "completion",
+    "/v1/embeddings": "embeddings",
+    "/pooling": "pooling",
+    "/score": "score",
+    "/v1/score": "score",
+    "/rerank": "rerank",
+    "/v1/rerank": "rerank",
+    "/v2/rerank": "rerank",
+    "/v1/responses": "responses",
+    "/tokenize": "tokenize",
+    "/detokenize": "detokenize",
+}
+"""Every POST path the gateway admits and forwards, with its kind (the engine gets the same
+path: vLLM serves each of them when its model does)."""
+FACTS_BYTES = 4096  # of a Responses answer, the head (its id) and tail (its usage) kept
 UNKNOWN_MODEL = "unknown"
 """The `model` label of requests naming a model no engine serves (a client's string would
 otherwise become a metric label forever)."""
@@ -116,6 +144,14 @@ class Answer:
     headers: list[tuple[bytes, bytes]]
     engine: str
     rates: RateLimitValues | None
+    prompt_tokens: int = 0
+    """The prompt tokens the gateway counted, as vLLM's `usage.prompt_tokens` counts them
+    (each prompt once, whatever `n`)."""
+    blocks: int = 0
+    """The KV blocks the lease reserves (all sequences: `n` × prompts)."""
+    credit: int = 0
+    """Prompt blocks not in `blocks`: other live leases on the engine hold them (prefix
+    caching, `Lease.credit`)."""
 
 
 def tokens_used(*, nothing_generated: bool, metered: int | None) -> int | None:
@@ -146,22 +182,32 @@ class Exchanges:
         self.clock = clock
         self.suffix = suffix
 
-    def start(self, kind: Kind, request_id: str) -> Exchange:
-        return Exchange(self, kind, request_id)
+    def start(self, kind: Kind, request_id: str, path: str | None = None) -> Exchange:
+        """An exchange for one request of `kind`, forwarded to `path` (default: the kind's
+        completions path)."""
+        return Exchange(self, kind, request_id, path or PATHS[kind])
 
 
 class Exchange:
     """One request, from its parsed body to its release. Not reusable."""
 
-    def __init__(self, desk: Exchanges, kind: Kind, request_id: str) -> None:
+    def __init__(self, desk: Exchanges, kind: Kind, request_id: str, path: str) -> None:
         self._desk = desk
         self.kind = kind
+        self.path = path
         self.request_id = request_id
+        self._head = bytearray()  # a Responses answer's first and last bytes (its id, usage)
+        self._tail = b""
         self.arrived = desk.clock()
         self.tenant: TenantPolicy = DEFAULT_TENANT
         self.model = ""
         self.streaming = False
         self.outcome = "cancelled"  # until the answer starts or an error is counted
+        self._identified = False  # the tenant is known (counted per tenant then)
+        self._in_flight = False  # counted in the tenant's in-flight gauge
+        self._refused: str | None = None  # the code of a 429/503 the gateway answered
+        self._waited: float | None = None  # arrival → a lease, seconds
+        self._first_byte: float | None = None  # arrival → the answer's first byte sent
         self.lease: Lease | None = None
         self._inbound: Inbound | None = None
         self._admitted: Admitted | None = None
@@ -171,14 +217,23 @@ class Exchange:
         # Provably no tokens generated: the engine could not be reached, or answered an error.
         self._nothing_generated = False
 
+    def identify(self, tenant: TenantPolicy) -> None:
+        """The request's tenant, once its key is checked: from here on it is counted as the
+        tenant's (a request refused before, e.g. for a wrong key, belongs to no tenant)."""
+        self.tenant, self._identified = tenant, True
+
     async def open(self, tenant: TenantPolicy, inbound: Inbound, body: bytes) -> Answer:
         """Reserve (waiting in line if need be), then send the request to the lease's engine,
         failing over once; returns once the engine's status is in. Raises `GatewayError`."""
         desk = self._desk
-        self.tenant, self._inbound = tenant, inbound
+        self.identify(tenant)
+        self._inbound = inbound
         self.model, self.streaming = inbound.model, inbound.stream
         admitted = await desk.service.admit(inbound, tenant)
-        desk.metrics.admission_wait.labels(self.model).observe(desk.clock() - self.arrived)
+        self._waited = desk.clock() - self.arrived
+        desk.metrics.admission_wait.labels(self.model).observe(self._waited)
+        desk.metrics.tenant_in_flight.labels(tenant.name).inc()
+        self._in_flight = True
         self.lease = admitted.lease
         admitted, response = await self._send_with_failover(admitted, body)
         refusals = 0
@@ -191,6 +246,8 @@ class Exchange:
         status = response.status_code
         if status >= 400:
             self._nothing_generated = True  # the engine refused or failed it
+        if status == 404 and self.path not in PATHS.values():
+            raise await self._not_served(admitted.engine.name, response)
         if status >= 500:
             text = (await response.read()).decode(errors="replace")[:500]
             raise UpstreamUnavailable(f"engine {admitted.engine.name!r} answered {status}: {text}")
@@ -202,7 +259,35 @@ class Exchange:
         rates = admitted.lease.rates  # as the admission left them: no second trip
         if rates is None:
             rates = await self.rate_limits()
-        return Answer(status, headers, admitted.engine.name, rates)
+        return Answer(
+            status,
+            headers,
+            admitted.engine.name,
+            rates,
+            prompt_tokens=admitted.prompt_tokens,
+            blocks=admitted.lease.blocks,
+            credit=admitted.lease.credit,
+        )
+
+    async def _not_served(self, engine: str, response: UpstreamAnswer) -> GatewayError:
+        """An engine's 404 on an endpoint other than the completions, as the gateway's own
+        OpenAI-shaped 404 (vLLM answers FastAPI's `{"detail": "Not Found"}` for an endpoint
+        its model's runner does not serve; its own 404s, e.g. an unknown stored response,
+        keep their message)."""
+        text = (await response.read()).decode(errors="replace")[:500]
+        try:
+            error = json.loads(text).get("error")
+        except (ValueError, AttributeError):
+            error = None
+        if isinstance(error, dict) and isinstance(error.get("message"), str):
+            found = EndpointNotServed(error["message"], code="not_found")
+            found.param = error.get("param") if isinstance(error.get("param"), str) else None
+            return found
+        log.info("request %s: engine %s does not serve %s", self.request_id, engine, self.path)
+        return EndpointNotServed(
+            f"The engines serving `{self.model}` do not serve {self.path} (vLLM serves "
+            "embeddings, pooling, score and rerank for pooling models only)."
+        )
 
     async def relay(self) -> AsyncIterator[bytes]:
         """The engine's answer, chunk by chunk as it arrives, metered on the way; a
@@ -218,19 +303,38 @@ class Exchange:
             if ok:
                 desk.pool.answer_progressed(engine)
             meter.feed(chunk)
+            if self.kind == "responses" and ok:
+                self._keep_facts(chunk)
             if follow:
                 await self._top_up(meter.streamed_tokens)
             yield chunk
             if first and ok:
-                desk.metrics.first_byte.labels(self.model).observe(desk.clock() - self.arrived)
+                self._first_byte = desk.clock() - self.arrived
+                desk.metrics.first_byte.labels(self.model).observe(self._first_byte)
                 first = False
         self._completed = ok
         if ok:
             desk.metrics.duration.labels(self.model).observe(desk.clock() - self.arrived)
+            self._remember_response(engine)
+
+    def _keep_facts(self, chunk: bytes) -> None:
+        if len(self._head) < FACTS_BYTES:
+            self._head += chunk[: FACTS_BYTES - len(self._head)]
+        self._tail = (self._tail + chunk)[-FACTS_BYTES:]
+
+    def _remember_response(self, engine: str) -> None:
+        """A Responses answer that reached its end: its id is stored on `engine`."""
+        if self.kind != "responses":
+            return
+        facts = response_facts(bytes(self._head), self._tail)
+        if facts is not None:
+            self._desk.service.responses.remember(facts[0], engine, facts[1])
 
     def fail(self, error: GatewayError) -> None:
         """Count the request under `error`'s code."""
         self.outcome = error.code or str(error.status)
+        if error.status in REFUSED_STATUSES and self._response is None:
+            self._refused = error.code or str(error.status)
         if isinstance(error, ModelNotFound):
             self.model = UNKNOWN_MODEL
 
@@ -248,6 +352,7 @@ class Exchange:
         if self._response is not None:
             await self._response.aclose()
         desk.metrics.requests.labels(self.model, self.outcome).inc()
+        self._account()
         if self.lease is None:
             return
         meter = self._meter
@@ -264,6 +369,62 @@ class Exchange:
         lease, self.lease = self.lease, None
         # Shielded: a second cancellation must not lose the release.
         await asyncio.shield(desk.service.release(lease, used))
+
+    def _account(self) -> None:
+        """The tenant's usage (the request, the tokens an engine answered with — nothing when
+        it generated nothing — and the gateway's refusal, if it refused) and the access line."""
+        metrics = self._desk.metrics
+        if self._in_flight:
+            metrics.tenant_in_flight.labels(self.tenant.name).dec()
+            self._in_flight = False
+        prompt = completion = 0
+        meter, admitted = self._meter, self._admitted
+        if meter is not None and admitted is not None and not self._nothing_generated:
+            prompt = admitted.prompt_tokens
+            completion = meter.completion_tokens() or 0
+        if self._identified:
+            metrics.tenant_ended(
+                self.tenant.name,
+                prompt_tokens=prompt,
+                completion_tokens=completion,
+                refused=self._refused,
+            )
+        if access_log.isEnabledFor(logging.INFO):
+            self._log_access(prompt, completion)
+
+    def _log_access(self, prompt_tokens: int, completion_tokens: int) -> None:
+        def ms(seconds: float | None) -> float | None:
+            return None if seconds is None else round(seconds * 1000, 1)
+
+        admitted = self._admitted
+        fields = {
+            "request_id": self.request_id,
+            "path": self.path,
+            "tenant": self.tenant.name if self._identified else None,
+            "model": self.model or None,
+            "engine": admitted.engine.name if admitted is not None else None,
+            "blocks": self.lease.blocks if self.lease is not None else None,
+            "prefix_credit": self.lease.credit if self.lease is not None else None,
+            "outcome": self.outcome,
+            "stream": self.streaming,
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": completion_tokens,
+            "wait_ms": ms(self._waited),
+            "first_byte_ms": ms(self._first_byte),
+            "duration_ms": ms(self._desk.clock() - self.arrived),
+        }
+        access_log.info(
+            "request %s %s %s tenant=%s model=%s engine=%s blocks=%s %s ms",
+            self.request_id,
+            self.path,
+            self.outcome,
+            fields["tenant"],
+            fields["model"],
+            fields["engine"],
+            fields["blocks"],
+            fields["duration_ms"],
+            extra={"access": fields},
+        )
 
     async def _send_with_failover(
         self, admitted: Admitted, body: bytes
@@ -282,7 +443,7 @@ class Exchange:
                 self._inbound,
                 self.tenant,
                 exclude=frozenset({admitted.engine.name}),
-                shape=admitted.shape,
+                counted=admitted.counted,
             )
             self.lease = admitted.lease
             try:
@@ -313,7 +474,7 @@ class Exchange:
                 code="engine_full",
                 retry=RetryAdvice(ENGINE_FULL_HOLD_S * refusals),
             )
-        again = await desk.service.admit(self._inbound, self.tenant, shape=admitted.shape)
+        again = await desk.service.admit(self._inbound, self.tenant, counted=admitted.counted)
         self.lease = again.lease
         return again
 
@@ -329,7 +490,7 @@ class Exchange:
             "x-request-id": engine_id,
         }
         return await self._desk.upstream.open(
-            engine.url, PATHS[self.kind], body, headers, streaming=self.streaming
+            engine.url, self.path, body, headers, streaming=self.streaming
         )
 
     async def _top_up(self, generated: int) -> None:

@@ -2,19 +2,39 @@
 
 Counters are updated on the request path; gauges of state (reservations, queue, health) are
 read from the store and the pool when scraped.
+
+Under `serve --workers N` (`PROMETHEUS_MULTIPROC_DIR` set by the supervisor) every worker
+writes its values to files in that directory (prometheus_client's multiprocess mode) and a
+scrape, whichever worker answers it, renders all of them: counters and histograms summed
+over the workers (the dead ones' included: counts do not go back), the gauges a scrape sets
+(state, engines, estimates) as the scraping worker set them (`mostrecent`), and the open
+client connections and tenants' requests in flight summed over the live workers
+(`livesum`). `totals()` reads the same values back for the dashboard's JSON (`/admin/status`).
+
+Per-tenant series are labelled only with tenant names from the configuration (and `default`
+when none is configured): a client's key selects one of them, nothing a client sends becomes
+a label. Refusal reasons are the gateway's own error codes.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import os
+from collections.abc import Iterable, Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.multiprocess import MultiProcessCollector
 
 from gateway.core.reservation import OutputLengths
 from gateway.core.types import EngineLoad
 from gateway.engines.pool import EnginePool
 from gateway.state.base import StateStore
 from gateway.state.errors import StateUnavailable
+
+MULTIPROCESS_DIR = "PROMETHEUS_MULTIPROC_DIR"
+"""Set (by `serve --workers N`) to the directory where the workers' values are kept."""
+
+REFUSED_STATUSES = frozenset({429, 503})
+"""The gateway's refusals (it will not take the request now), counted per tenant by reason."""
 
 WAIT_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
 
@@ -51,31 +71,45 @@ class GatewayMetrics:
             registry=self.registry,
         )
         self.queue_length = Gauge(
-            "kv_gateway_queue_length", "Requests waiting for capacity.", registry=self.registry
+            "kv_gateway_queue_length",
+            "Requests waiting for capacity.",
+            registry=self.registry,
+            multiprocess_mode="mostrecent",
         )
         self.reserved_blocks = Gauge(
-            "kv_gateway_reserved_blocks", "KV blocks reserved.", ["engine"], registry=self.registry
+            "kv_gateway_reserved_blocks",
+            "KV blocks reserved.",
+            ["engine"],
+            registry=self.registry,
+            multiprocess_mode="mostrecent",
         )
         self.reserved_seqs = Gauge(
-            "kv_gateway_reserved_seqs", "Sequences reserved.", ["engine"], registry=self.registry
+            "kv_gateway_reserved_seqs",
+            "Sequences reserved.",
+            ["engine"],
+            registry=self.registry,
+            multiprocess_mode="mostrecent",
         )
         self.capacity_blocks = Gauge(
             "kv_gateway_capacity_blocks",
             "KV blocks reservations may hold (kv_ceiling × usable blocks).",
             ["engine"],
             registry=self.registry,
+            multiprocess_mode="mostrecent",
         )
         self.engine_healthy = Gauge(
             "kv_gateway_engine_healthy",
             "1 while the engine is routed to.",
             ["engine"],
             registry=self.registry,
+            multiprocess_mode="mostrecent",
         )
         self.engine_used_blocks = Gauge(
             "kv_gateway_engine_reported_used_blocks",
             "KV blocks the engine reported in use at its last scrape.",
             ["engine"],
             registry=self.registry,
+            multiprocess_mode="mostrecent",
         )
         self.engine_foreign_blocks = Gauge(
             "kv_gateway_engine_foreign_blocks",
@@ -83,6 +117,7 @@ class GatewayMetrics:
             "other gateways), estimated at its last scrape.",
             ["engine"],
             registry=self.registry,
+            multiprocess_mode="mostrecent",
         )
         self.engine_foreign_seqs = Gauge(
             "kv_gateway_engine_foreign_seqs",
@@ -90,6 +125,7 @@ class GatewayMetrics:
             "estimated at its last scrape.",
             ["engine"],
             registry=self.registry,
+            multiprocess_mode="mostrecent",
         )
         self.engine_refusals = Counter(
             "kv_gateway_engine_refusals",
@@ -104,6 +140,7 @@ class GatewayMetrics:
             "reached: the reserved and queue gauges then keep their last values (fail_closed) "
             "or show this replica's local share (fail_open_local).",
             registry=self.registry,
+            multiprocess_mode="mostrecent",
         )
         self.extended_blocks = Counter(
             "kv_gateway_extended_blocks",
@@ -118,6 +155,7 @@ class GatewayMetrics:
             "without enough samples of its own; absent until enough requests completed.",
             ["model"],
             registry=self.registry,
+            multiprocess_mode="mostrecent",
         )
         self.reserved_quantile = Gauge(
             "kv_gateway_reserved_quantile",
@@ -125,12 +163,14 @@ class GatewayMetrics:
             "the engines' preemptions steer it.",
             ["model"],
             registry=self.registry,
+            multiprocess_mode="mostrecent",
         )
 
         self.client_connections = Gauge(
             "kv_gateway_client_connections",
             "Client connections open now (clients.max_connections caps them).",
             registry=self.registry,
+            multiprocess_mode="livesum",
         )
         self.client_cutoffs = Counter(
             "kv_gateway_client_cutoffs",
@@ -140,6 +180,86 @@ class GatewayMetrics:
             ["reason"],
             registry=self.registry,
         )
+        self.tenant_requests = Counter(
+            "kv_gateway_tenant_requests",
+            "Requests per tenant (authenticated), whatever their outcome.",
+            ["tenant"],
+            registry=self.registry,
+        )
+        self.tenant_prompt_tokens = Counter(
+            "kv_gateway_tenant_prompt_tokens",
+            "Prompt tokens of the tenant's requests an engine answered (as vLLM's "
+            "usage.prompt_tokens counts them).",
+            ["tenant"],
+            registry=self.registry,
+        )
+        self.tenant_completion_tokens = Counter(
+            "kv_gateway_tenant_completion_tokens",
+            "Tokens generated for the tenant, as the engine's answers report them (a stream "
+            "without usage: its content events).",
+            ["tenant"],
+            registry=self.registry,
+        )
+        self.tenant_refusals = Counter(
+            "kv_gateway_tenant_refusals",
+            "The tenant's requests the gateway refused (429, 503), by reason: the error code "
+            "(tenant_rpm, tenant_tpm, tenant_concurrency, tenant_kv_share, queue_full, "
+            "queue_timeout, engine_full, no_healthy_engine, state_unavailable).",
+            ["tenant", "reason"],
+            registry=self.registry,
+        )
+        self.tenant_in_flight = Gauge(
+            "kv_gateway_tenant_in_flight",
+            "The tenant's requests admitted and not yet ended.",
+            ["tenant"],
+            registry=self.registry,
+            multiprocess_mode="livesum",
+        )
+
+    def know_tenants(self, names: Iterable[str]) -> None:
+        """Show the configured tenants' series at 0 before their first request (a `rate()`
+        needs the series to exist before it grows)."""
+        for name in names:
+            self.tenant_requests.labels(name)
+            self.tenant_prompt_tokens.labels(name)
+            self.tenant_completion_tokens.labels(name)
+            self.tenant_in_flight.labels(name)
+
+    def tenant_ended(
+        self,
+        tenant: str,
+        *,
+        prompt_tokens: int,
+        completion_tokens: int,
+        refused: str | None,
+    ) -> None:
+        """One of `tenant`'s requests ended: its tokens, and the reason it was refused, if."""
+        self.tenant_requests.labels(tenant).inc()
+        if prompt_tokens:
+            self.tenant_prompt_tokens.labels(tenant).inc(prompt_tokens)
+        if completion_tokens:
+            self.tenant_completion_tokens.labels(tenant).inc(completion_tokens)
+        if refused is not None:
+            self.tenant_refusals.labels(tenant, refused).inc()
+
+    def totals(self) -> dict[str, list[tuple[dict[str, str], float]]]:
+        """Every counter (by its name without `_total`), gauge and histogram's count as it
+        stands, as (labels, value) pairs: this process's, or under `serve --workers N` every
+        worker's, as a scrape renders them (counters summed)."""
+        registry = self.registry
+        if MULTIPROCESS_DIR in os.environ:
+            registry = CollectorRegistry()
+            MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
+        out: dict[str, list[tuple[dict[str, str], float]]] = {}
+        for family in registry.collect():
+            suffix = {"counter": "_total", "gauge": "", "histogram": "_count"}.get(family.type)
+            if suffix is None:
+                continue
+            wanted = family.name + suffix
+            out[family.name] = [
+                (dict(s.labels), s.value) for s in family.samples if s.name == wanted
+            ]
+        return out
 
     async def render(
         self,
@@ -177,4 +297,8 @@ class GatewayMetrics:
                 self.predicted_output.labels(model).set(predicted)
         for model, quantile in (quantiles or {}).items():
             self.reserved_quantile.labels(model).set(quantile)
+        if MULTIPROCESS_DIR in os.environ:
+            every_worker = CollectorRegistry()
+            MultiProcessCollector(every_worker)  # type: ignore[no-untyped-call]
+            return generate_latest(every_worker)
         return generate_latest(self.registry)

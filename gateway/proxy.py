@@ -91,6 +91,7 @@ class Upstream:
         # token counts of the requests waiting to be admitted.
         self._session: aiohttp.ClientSession | None = None
         self._tokenize_session: aiohttp.ClientSession | None = None
+        self._media_session: aiohttp.ClientSession | None = None
         # The read timeout is per socket read: for a stream, the longest silence between two
         # chunks; for a whole answer, the wait for it. One timer per read, none of our own.
         self._read_s = {True: cfg.idle_timeout_s, False: cfg.first_byte_timeout_s}
@@ -124,6 +125,13 @@ class Upstream:
             self._tokenize_session = self._new_session(auto_decompress=True)
         return self._tokenize_session
 
+    def media_session(self) -> aiohttp.ClientSession:
+        """The session remote images are fetched with (`models[].media.fetch`): its own
+        pool, apart from the engines'."""
+        if self._media_session is None:
+            self._media_session = self._new_session(auto_decompress=True)
+        return self._media_session
+
     def _new_session(self, *, auto_decompress: bool = False) -> aiohttp.ClientSession:
         return aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(
@@ -137,7 +145,7 @@ class Upstream:
         )
 
     async def aclose(self) -> None:
-        for session in (self._session, self._tokenize_session):
+        for session in (self._session, self._tokenize_session, self._media_session):
             if session is not None:
                 await session.close()
         await self.client.aclose()

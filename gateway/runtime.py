@@ -9,28 +9,39 @@ import socket
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit, urlunsplit
 
 from gateway.auth import AdminGate, Authenticator
-from gateway.config import ConfigError, GatewayConfig
+from gateway.config import ConfigError, GatewayConfig, MediaConfig
+from gateway.core.prefix import PrefixIndex
 from gateway.core.retry import ReleaseRate
 from gateway.core.routing import Router
-from gateway.core.types import EngineLoad
+from gateway.core.types import DEFAULT_TENANT, EngineLoad
 from gateway.engines.monitor import EngineMonitor
 from gateway.engines.pool import EnginePool
 from gateway.engines.setup import resolve_engines
+from gateway.engines.sharing import SharedMonitor, SharedPool
 from gateway.exchange import Exchanges
+from gateway.media import FAMILIES, MediaCounter, MediaPolicy
+from gateway.media.families import MODALITIES
+from gateway.media.sources import FetchPolicy
 from gateway.metrics import GatewayMetrics
+from gateway.prefixes import PrefixCache
 from gateway.proxy import Upstream
 from gateway.scheduler import Scheduler
-from gateway.service import Service
+from gateway.service import ChatFlags, ModelRules, Service
 from gateway.state.base import StateStore
 from gateway.state.errors import StateUnavailable
 from gateway.state.fallback import FailOpenLocal
 from gateway.state.memory import InMemoryStore
 from gateway.state.redis import RedisStore
 from gateway.tokens import make_counter
+from gateway.tokens.chat import Modality
 from gateway.tokens.protocol import TokenCounter
+
+if TYPE_CHECKING:
+    from gateway.engines.kv_events import KvEventSubscriber
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +61,7 @@ class Runtime:
     monitor: EngineMonitor
     metrics: GatewayMetrics
     exchanges: Exchanges
+    kv_events: KvEventSubscriber | None = None
 
     def reload_keys(self, new: GatewayConfig) -> list[str]:
         """Take `new`'s tenants (keys and limits) and admin keys for the requests that arrive
@@ -58,6 +70,7 @@ class Runtime:
         a restart and are left as they are."""
         self.auth.load(new.tenants)
         self.admin.load(new.admin, new.tenants)
+        self.metrics.know_tenants(t.name for t in new.tenants)
         self.cfg = self.cfg.model_copy(update={"tenants": new.tenants, "admin": new.admin})
         running, wanted = self.cfg.model_dump(), new.model_dump()
         applied = ("tenants", "admin")
@@ -65,6 +78,8 @@ class Runtime:
 
     async def aclose(self) -> None:
         await self.monitor.stop()
+        if self.kv_events is not None:
+            await self.kv_events.stop()
         await self.store.close()
         await self.upstream.aclose()
 
@@ -90,9 +105,11 @@ def make_store(cfg: GatewayConfig, router: Router) -> StateStore:
         cfg.redis.url,
         router.scorer_names,
         replica_id=replica,
+        cached_block_weight=router.cached_block_weight,
         lease_ttl_s=cfg.redis.lease_ttl_s,
         key_prefix=cfg.redis.key_prefix,
         timeout_s=cfg.redis.timeout_s,
+        max_connections=cfg.redis.max_connections,
         seed=cfg.routing.seed,
         burst_blocks=cfg.queue.fair_burst_blocks,
         headroom=cfg.admission.share_headroom,
@@ -103,6 +120,35 @@ def make_store(cfg: GatewayConfig, router: Router) -> StateStore:
     return shared
 
 
+def _media_policy(media: MediaConfig | None) -> MediaPolicy | None:
+    """`models[].media` as the media counter's policy (None: not configured)."""
+    if media is None:
+        return None
+    family = None
+    if media.family is not None:
+        family = FAMILIES[media.family].with_settings(
+            min_pixels=media.min_pixels,
+            max_pixels=media.max_pixels,
+            image_tokens=media.image_tokens,
+        )
+    worst: dict[Modality, int] = {}
+    for modality in MODALITIES:
+        tokens = getattr(media.worst_case, modality)
+        if tokens is not None:
+            worst[modality] = tokens
+    return MediaPolicy(
+        family=family,
+        worst_case=worst,
+        max_image_bytes=media.max_image_bytes,
+        max_image_pixels=media.max_image_pixels,
+        fetch=FetchPolicy(
+            enabled=media.fetch.enabled,
+            max_bytes=media.fetch.max_bytes,
+            timeout_s=media.fetch.timeout_s,
+        ),
+    )
+
+
 def _redacted(url: str) -> str:
     parts = urlsplit(url)
     if parts.password:
@@ -110,17 +156,18 @@ def _redacted(url: str) -> str:
     return urlunsplit(parts)
 
 
-async def build_runtime(cfg: GatewayConfig) -> Runtime:
+async def build_runtime(cfg: GatewayConfig, shared_pool: SharedPool | None = None) -> Runtime:
     """Discover the engines and build everything the process runs with; what was opened is
-    closed again if a step fails (a bad tokenizer path is a `ConfigError`)."""
+    closed again if a step fails (a bad tokenizer path is a `ConfigError`). `shared_pool`:
+    this process is one of `serve --workers N`, and one engine monitor serves them all."""
     upstream = Upstream(cfg.upstream)
     store: StateStore | None = None
     try:
         specs, sources = await resolve_engines(cfg, upstream.client)
-        pool = EnginePool(specs, sources)
-        router = Router(cfg.routing.scorers)
+        pool = EnginePool(specs, sources, staged_seqs=cfg.admission.staged_seqs)
+        router = Router(cfg.routing.scorers, cached_block_weight=cfg.routing.cached_block_weight)
         store = make_store(cfg, router)
-        return _assemble(cfg, upstream, pool, store)
+        return _assemble(cfg, upstream, pool, store, shared_pool)
     except BaseException:
         if store is not None:
             await store.close()
@@ -129,7 +176,11 @@ async def build_runtime(cfg: GatewayConfig) -> Runtime:
 
 
 def _assemble(
-    cfg: GatewayConfig, upstream: Upstream, pool: EnginePool, store: StateStore
+    cfg: GatewayConfig,
+    upstream: Upstream,
+    pool: EnginePool,
+    store: StateStore,
+    shared_pool: SharedPool | None = None,
 ) -> Runtime:
     scheduler = Scheduler(
         store=store,
@@ -141,12 +192,15 @@ def _assemble(
         rate=ReleaseRate(cfg.admission.rate_window_s),
     )
     counters: dict[str, TokenCounter] = {}
+    rules: dict[str, ModelRules] = {}
     for model in pool.models():
-        spec = cfg.tokenizer_for(model)
+        settings = cfg.model_settings(model)
+        spec = settings.tokenizer
 
         def urls(model: str = model) -> list[str]:
             return [e.spec.url for e in pool.serving(model) if e.healthy]
 
+        policy = _media_policy(settings.media)
         try:
             counters[model] = make_counter(
                 spec,
@@ -154,10 +208,33 @@ def _assemble(
                 tokenize_urls=urls,
                 client=upstream.tokenize_session() if spec == "engine" else None,
                 timeout=upstream.tokenize_timeout,
+                template_defaults=settings.default_chat_template_kwargs,
+                media=policy.family.template if policy and policy.family else None,
+                engine_expands_media=settings.media is None or settings.media.engine_counts_media,
             )
         except ValueError as e:  # e.g. an hf: directory that is not there
             raise ConfigError(f"models: {e}") from None
+        engine_counts = spec == "engine" and (
+            settings.media is None or settings.media.engine_counts_media
+        )
+        media = None
+        if policy is not None or spec == "engine":
+            media = MediaCounter(
+                model,
+                policy or MediaPolicy(),
+                counts=not engine_counts,
+                session=upstream.media_session,
+            )
+        rules[model] = ModelRules(uses_kv_cache=settings.uses_kv_cache, media=media)
         log.info("model %s: token counter %s", model, spec)
+    prefixes = PrefixCache(
+        pool,
+        credit=cfg.prefix_cache.credit,
+        index=PrefixIndex(cfg.prefix_cache.index_entries)
+        if cfg.prefix_cache.index_entries
+        else None,
+    )
+    kv_events = _kv_events(cfg, pool, prefixes)
     unserved = [m.name for m in cfg.models if m.name not in counters]
     if unserved:
         log.warning("configured models served by no engine: %s", unserved)
@@ -170,6 +247,15 @@ def _assemble(
         prediction=cfg.admission.prediction.policy(),
         adaptive=cfg.admission.adaptive.policy(),
         clamp=cfg.admission.over_length == "clamp",
+        models=rules,
+        prefixes=prefixes,
+        engine_flags={
+            e.display_name: ChatFlags(
+                exclude_tools_when_tool_choice_none=e.exclude_tools_when_tool_choice_none,
+                trust_request_chat_template=e.trust_request_chat_template,
+            )
+            for e in cfg.engines
+        },
     )
 
     async def own_loads() -> Mapping[str, EngineLoad] | None:
@@ -178,8 +264,15 @@ def _assemble(
         except StateUnavailable:
             return None
 
-    monitor = EngineMonitor(pool, upstream.client, cfg.health, own_loads=own_loads)
+    monitor: EngineMonitor
+    if shared_pool is None:
+        monitor = EngineMonitor(pool, upstream.client, cfg.health, own_loads=own_loads)
+    else:
+        monitor = SharedMonitor(
+            pool, upstream.client, cfg.health, own_loads=own_loads, shared=shared_pool
+        )
     metrics = GatewayMetrics()
+    metrics.know_tenants([t.name for t in cfg.tenants] or [DEFAULT_TENANT.name])
     exchanges = Exchanges(
         service=service, upstream=upstream, ejector=monitor, pool=pool, metrics=metrics
     )
@@ -192,6 +285,8 @@ def _assemble(
     else:
         log.info("admin surface (/admin/*, /metrics): %s", admin.state)
     monitor.start()
+    if kv_events is not None:
+        kv_events.start()
     return Runtime(
         cfg=cfg,
         upstream=upstream,
@@ -204,4 +299,41 @@ def _assemble(
         monitor=monitor,
         metrics=metrics,
         exchanges=exchanges,
+        kv_events=kv_events,
     )
+
+
+def _kv_events(
+    cfg: GatewayConfig, pool: EnginePool, prefixes: PrefixCache
+) -> KvEventSubscriber | None:
+    """The subscriber to the engines configured with `kv_events`, their feeds set up in
+    `prefixes` (None: no engine is)."""
+    endpoints = {e.display_name: e.kv_events for e in cfg.engines if e.kv_events}
+    if not endpoints:
+        return None
+    try:
+        from gateway.engines.kv_events import KvEventSubscriber
+    except ImportError as e:
+        raise ConfigError(
+            f"engines[].kv_events needs pyzmq and msgspec ({e}): "
+            "pip install 'kv-gateway[kv-events]'"
+        ) from None
+    for name in endpoints:
+        state = pool.get(name)
+        models = sorted(state.spec.models) if state is not None else []
+        if len(models) != 1:
+            raise ConfigError(
+                f"engines[{name}].kv_events: the engine serves {models}; its events do not "
+                "name the model, so the exact mode needs an engine serving one model"
+            )
+        if state is not None and state.spec.dp_size > 1:
+            log.warning(
+                "engine %s: %d data-parallel ranks publish their KV events on %d ports "
+                "(the configured one + rank); only %s is followed",
+                name,
+                state.spec.dp_size,
+                state.spec.dp_size,
+                endpoints[name],
+            )
+        prefixes.follow(name, models[0])
+    return KvEventSubscriber(endpoints, prefixes.events, prefixes.lost)

@@ -11,11 +11,11 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from gateway.core.retry import ReleaseRate, RetryAdvice, RetryForecast, Room
 from gateway.core.routing import Candidate
-from gateway.core.types import DEFAULT_TENANT, EngineLoad, Footprint, TenantPolicy
+from gateway.core.types import DEFAULT_TENANT, EngineLoad, EngineView, Footprint, TenantPolicy
 from gateway.engines.pool import EnginePool
 from gateway.errors import NoEngine, RateLimited
 from gateway.state.base import (
@@ -31,6 +31,12 @@ log = logging.getLogger(__name__)
 # Waiters re-check at least this often even without a change notice (engine health and
 # reported usage change without releases).
 POLL_S = 0.25
+
+STAGE_WITHIN = 0.5
+"""A waiter takes a staged slot (`admission.staged_seqs`: it would wait inside the engine
+for a running sequence to end) only within this fraction of `queue.max_wait_s`; after that
+only a slot the engine runs at once. Under overload the line's head is old, staging stops,
+and `max_wait_s` stays a bound on the wait before the engine starts a request."""
 
 _TENANT_MESSAGES = {
     "tenant_concurrency": "Too many concurrent requests for tenant {t}.",
@@ -86,6 +92,8 @@ class Scheduler:
         self.rate = rate
         self.forecast = RetryForecast(rate, retry_fallback_s)
         self.clock = clock
+        self.waiting: dict[str, float] = {}
+        """This process's requests in the line, by ask id: when each began to wait."""
 
     async def admit(self, ask: Ask) -> Lease:
         """A lease on some engine, after waiting if needed; raises `RateLimited` (429), or
@@ -112,9 +120,11 @@ class Scheduler:
                     code="queue_full",
                     retry=await self._advice(ask, queued=False),
                 )
+            self.waiting[ask.id] = self.clock()
             deadline = self.clock() + self.max_wait_s
             while True:
-                result = await self._try(ask, queued=True)
+                stage = deadline - self.clock() > self.max_wait_s * STAGE_WITHIN
+                result = await self._try(ask, queued=True, stage=stage)
                 if isinstance(result, Lease):
                     placed = True
                     return result
@@ -133,10 +143,18 @@ class Scheduler:
             leftover = True  # a store call may have been cut short after it took effect
             raise
         finally:
+            self.waiting.pop(ask.id, None)
             if leftover and not placed:
                 # Leaving without a lease (timeout, refusal, or the client went away):
                 # dequeue and release by id are idempotent, so hand back whatever there is.
                 await asyncio.shield(self._abandon(ask.id))
+
+    def oldest_wait_s(self) -> float | None:
+        """How long the longest-waiting of this process's queued requests has waited; None
+        when none waits here."""
+        if not self.waiting:
+            return None
+        return max(0.0, self.clock() - min(self.waiting.values()))
 
     async def extend(self, lease: Lease, blocks: int) -> Lease:
         """Grow a running request's lease (see `StateStore.extend`)."""
@@ -163,9 +181,9 @@ class Scheduler:
         await self.store.dequeue(ask_id)
         await self.store.release(Lease(id=ask_id, engine="", blocks=0, seqs=0))
 
-    async def _try(self, ask: Ask, *, queued: bool) -> Lease | Refusal:
+    async def _try(self, ask: Ask, *, queued: bool, stage: bool = True) -> Lease | Refusal:
         candidates = tuple(
-            Candidate(view=self.pool.view(name, EngineLoad()), need=need)
+            Candidate(view=self._view(name, stage), need=need)
             for name, need in sorted(ask.needs.items())
             if self.pool.get(name) is not None
         )
@@ -180,6 +198,10 @@ class Scheduler:
                 queued=queued,
             )
         )
+
+    def _view(self, name: str, stage: bool) -> EngineView:
+        view = self.pool.view(name, EngineLoad())
+        return view if stage or not view.staged_seqs else replace(view, staged_seqs=0)
 
     async def _refuse_unless_waitable(self, ask: Ask, refusal: Refusal) -> None:
         if refusal.waitable:

@@ -6,18 +6,25 @@ import argparse
 import asyncio
 import contextlib
 import logging
+import os
 import resource
 import signal
+import socket
 import sys
+from pathlib import Path
 
 import uvicorn
+from uvicorn.config import LOGGING_CONFIG
 
 from gateway.config import ConfigError, GatewayConfig, load_config
 from gateway.embedded import EmbeddedServer
 from gateway.engines.discovery import DiscoveryError
+from gateway.engines.sharing import SharedPool
 from gateway.http.app import create_app
 from gateway.http.listener import protocol_for
+from gateway.logformat import ACCESS_LOGGER, JsonLines, LogFormat
 from gateway.runtime import Runtime, build_runtime
+from gateway.workers import RUN_DIR_ENV, WorkersRefused, check, supervise, worker_place
 
 log = logging.getLogger("gateway")
 
@@ -30,10 +37,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--log-level", default="info", choices=["debug", "info", "warning", "error"]
     )
     parser.add_argument(
+        "--log-format",
+        default="text",
+        choices=["text", "json"],
+        help="text lines, or one JSON object per line with an access line per request "
+        "(request id, tenant, model, engine, blocks, outcome, timings); see docs/operations.md",
+    )
+    parser.add_argument(
         "--drain-s",
         type=float,
         default=30.0,
         help="on SIGTERM/SIGINT, how long in-flight requests may finish before they are cut",
+    )
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        help="gateway processes on this port, sharing their state in Redis (redis: required "
+        "for more than 1); see docs/operations.md",
     )
 
 
@@ -42,15 +63,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 CHATTY_LIBRARIES = ("httpx", "httpcore")
 
 
-def configure_logging(level: str) -> None:
-    logging.basicConfig(
-        level=level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
+def configure_logging(level: str, worker: int | None = None, fmt: LogFormat = "text") -> None:
+    who = "" if worker is None else f"[worker {worker}] "
+    handler = logging.StreamHandler(sys.stderr)
+    if fmt == "json":
+        handler.setFormatter(JsonLines(worker))
+    else:
+        handler.setFormatter(
+            logging.Formatter(f"%(asctime)s %(levelname)s {who}%(name)s: %(message)s")
+        )
+    logging.basicConfig(level=level.upper(), handlers=[handler])
     quiet = level.lower() != "debug"
     for name in CHATTY_LIBRARIES:
         logging.getLogger(name).setLevel(logging.WARNING if quiet else logging.NOTSET)
+    # The access log: on in json; in text only at debug.
+    access_on = fmt == "json" or not quiet
+    logging.getLogger(ACCESS_LOGGER).setLevel(logging.NOTSET if access_on else logging.WARNING)
 
 
 async def serve(
@@ -60,11 +88,18 @@ async def serve(
     log_level: str,
     drain_s: float = 30.0,
     config_path: str | None = None,
+    log_format: LogFormat = "text",
 ) -> None:
     """Discover the engines, then serve until SIGINT/SIGTERM (uvicorn drains in-flight
-    requests). SIGHUP reads `config_path` again and applies its `tenants:`."""
-    runtime = await build_runtime(cfg)
-    app = create_app(runtime)
+    requests). SIGHUP reads `config_path` again and applies its `tenants:`. As one of
+    `serve --workers N` (gateway/workers.py) it serves on the supervisor's socket and
+    shares one engine monitor with the other workers."""
+    place = worker_place()
+    shared = None
+    if place is not None:
+        shared = SharedPool(Path(os.environ[RUN_DIR_ENV]), lead=place[0] == 0)
+    runtime = await build_runtime(cfg, shared)
+    app = create_app(runtime, None if place is None else (place[0], place[1]))
     _check_file_limit(cfg)
     server = EmbeddedServer(
         uvicorn.Config(
@@ -75,6 +110,10 @@ async def serve(
             lifespan="on",
             timeout_graceful_shutdown=max(1, round(drain_s)),
             http=protocol_for(cfg.clients, runtime.metrics),
+            # json: uvicorn's own lines through the root handler (JSON too); its access log
+            # gives way to the gateway's.
+            log_config=None if log_format == "json" else LOGGING_CONFIG,
+            access_log=log_format != "json",
         )
     )
     loop = asyncio.get_running_loop()
@@ -82,8 +121,11 @@ async def serve(
         loop.add_signal_handler(sig, _stop, server)
     if config_path is not None:
         loop.add_signal_handler(signal.SIGHUP, _reload, config_path, runtime)
-    log.info("kv-gateway listening on http://%s:%d", host, port)
-    await server.serve()
+    if place is None:
+        log.info("kv-gateway listening on http://%s:%d", host, port)
+        await server.serve()
+    else:
+        await server.serve(sockets=[socket.socket(fileno=place[2])])
 
 
 def _check_file_limit(cfg: GatewayConfig) -> None:
@@ -132,13 +174,30 @@ def _stop(server: uvicorn.Server) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    configure_logging(args.log_level)
+    place = worker_place()
+    configure_logging(args.log_level, None if place is None else place[0], args.log_format)
     try:
         cfg = load_config(args.config)
-        asyncio.run(serve(cfg, args.host, args.port, args.log_level, args.drain_s, args.config))
-    except ConfigError as e:
+        check(cfg, args.workers)
+        if args.workers > 1 and place is None:
+            return supervise(args)
+        asyncio.run(
+            serve(
+                cfg,
+                args.host,
+                args.port,
+                args.log_level,
+                args.drain_s,
+                args.config,
+                args.log_format,
+            )
+        )
+    except (ConfigError, WorkersRefused) as e:
         print(f"kv-gateway: {e}", file=sys.stderr)
         return 2
+    except OSError as e:  # the port is taken, or the address cannot be bound
+        print(f"kv-gateway: cannot listen on {args.host}:{args.port}: {e}", file=sys.stderr)
+        return 1
     except DiscoveryError as e:
         print(f"kv-gateway: engine discovery failed: {e}", file=sys.stderr)
         return 1

@@ -6,8 +6,9 @@ hands the lease back with `release` in `finally`, whatever happened.
 
 from __future__ import annotations
 
+import asyncio
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -22,24 +23,65 @@ from gateway.core.reservation import (
     blocks_short,
 )
 from gateway.core.tenants import RateLimitValues
-from gateway.core.types import DEFAULT_TENANT, EngineSpec, RequestShape, TenantPolicy
+from gateway.core.types import DEFAULT_TENANT, EngineSpec, Footprint, RequestShape, TenantPolicy
 from gateway.engines.pool import EnginePool
 from gateway.errors import BadRequest, ContextOverflow, ModelNotFound, UpstreamUnavailable
+from gateway.media import MediaCounter
+from gateway.prefixes import PrefixCache, Prompted
 from gateway.request import Inbound
 from gateway.scheduler import Ask, Scheduler
 from gateway.state.base import Lease
 from gateway.state.errors import StateUnavailable
+from gateway.stored_responses import ResponseLog
 from gateway.tokens import EngineTokenizeError, TokenCountError
+from gateway.tokens.chat import ChatInput
+from gateway.tokens.count import TokenCount
+from gateway.tokens.errors import InvalidChatRequest
 from gateway.tokens.protocol import TokenCounter, prompt_token_counts
 
 Reservation = Literal["worst_case", "predicted", "adaptive"]
+UNTRUSTED_TEMPLATE = (
+    "Chat template is passed with request, but --trust-request-chat-template is not set. "
+    "Refused request with untrusted chat template."
+)
+
+
+@dataclass(frozen=True, slots=True)
+class ChatFlags:
+    """An engine's flags that change a chat's prompt (`engines[]` settings: the gateway
+    cannot read them from the engine)."""
+
+    exclude_tools_when_tool_choice_none: bool = False
+    trust_request_chat_template: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class ModelRules:
+    """What the service needs to know of a model besides its counter."""
+
+    uses_kv_cache: bool = True
+    media: MediaCounter | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Counted:
+    """A request's counted prompts: the shape admission decides on, and per prompt its
+    `TokenCount` (with the prompt's token ids where the counter gives them, for the
+    prefix-cache credit; materialised only when read)."""
+
+    shape: RequestShape
+    prompts: tuple[TokenCount, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
 class Admitted:
     lease: Lease
     engine: EngineSpec
-    shape: RequestShape
+    counted: Counted
+
+    @property
+    def shape(self) -> RequestShape:
+        return self.counted.shape
 
     @property
     def prompt_tokens(self) -> int:
@@ -60,8 +102,16 @@ class Service:
         prediction: PredictionPolicy | None = None,
         adaptive: AdaptivePolicy | None = None,
         clamp: bool = True,
+        models: Mapping[str, ModelRules] | None = None,
+        engine_flags: Mapping[str, ChatFlags] | None = None,
+        responses: ResponseLog | None = None,
+        prefixes: PrefixCache | None = None,
     ) -> None:
         self.pool = pool
+        self.prefixes = prefixes
+        self.models = dict(models or {})
+        self.engine_flags = dict(engine_flags or {})
+        self.responses = responses if responses is not None else ResponseLog()
         self.scheduler = scheduler
         self.counters = counters
         self.kv_ceiling = kv_ceiling
@@ -87,32 +137,72 @@ class Service:
         tenant: TenantPolicy = DEFAULT_TENANT,
         *,
         exclude: frozenset[str] = frozenset(),
-        shape: RequestShape | None = None,
+        counted: Counted | None = None,
     ) -> Admitted:
         """A lease on an engine for this request (not on `exclude`); raises a `GatewayError`
-        otherwise. Pass the `shape` of an earlier admission to skip counting again."""
+        otherwise. Pass the `counted` of an earlier admission to skip counting again."""
         serving = self.pool.serving(inbound.model)
         if not serving:
             name = inbound.model if len(inbound.model) <= 200 else inbound.model[:200] + "…"
             raise ModelNotFound(f"The model `{name}` does not exist.", param="model")
-        engines = [e.spec for e in serving if e.spec.name not in exclude]
+        engines = self._eligible(inbound, [e.spec for e in serving])
+        engines = [e for e in engines if e.name not in exclude]
         if not engines:
             raise UpstreamUnavailable(f"no other engine serves `{inbound.model}`")
-        if shape is None:
-            shape = await self.shape(inbound)
+        if counted is None:
+            counted = await self.count(inbound, engines)
+        shape = counted.shape
         cap = self.output_cap(inbound.model, tenant.name)
         placement = place(shape, engines, self.kv_ceiling, cap, clamp=self.clamp)
         if isinstance(placement, NeverFits):
             raise ContextOverflow(placement.message, param=placement.param)
+        prompted = self._prompted(inbound, counted, placement.needs)
         ask = Ask(
             id=uuid.uuid4().hex,
-            needs=placement.needs,
+            needs=prompted.needs,
             tenant=tenant,
             tokens=max(need.tokens for need in placement.needs.values()),
             tenant_max_blocks=self._share_blocks(tenant),
         )
         lease = await self.scheduler.admit(ask)
-        return Admitted(lease, self.spec(lease.engine), shape)
+        if self.prefixes is not None:
+            self.prefixes.sent(lease.engine, prompted.blocks.get(lease.engine, ()))
+        return Admitted(lease, self.spec(lease.engine), counted)
+
+    def _prompted(
+        self, inbound: Inbound, counted: Counted, needs: Mapping[str, Footprint]
+    ) -> Prompted:
+        """The footprints with their prefix hashes (gateway/prefixes.py): a generation with
+        one prompt whose token ids the counter knows."""
+        if self.prefixes is None or not inbound.generates or len(counted.prompts) != 1:
+            return Prompted(dict(needs), {})
+        return self.prefixes.footprints(
+            needs, counted.prompts[0].ids(), model=inbound.model, salt=inbound.prefix_salt
+        )
+
+    def _eligible(self, inbound: Inbound, engines: list[EngineSpec]) -> list[EngineSpec]:
+        """The engines that may take this request: those that trust a per-request chat
+        template when it carries one; the one holding `previous_response_id` when the
+        gateway knows it."""
+        chat = inbound.chat
+        if chat is not None and chat.chat_template is not None:
+            engines = [e for e in engines if self._flags(e.name).trust_request_chat_template]
+            if not engines:
+                raise BadRequest(UNTRUSTED_TEMPLATE, param="chat_template")
+        if inbound.previous_response_id is not None:
+            stored = self.responses.get(inbound.previous_response_id)
+            if stored is not None:
+                holding = [e for e in engines if e.name == stored.engine]
+                if not holding:
+                    raise UpstreamUnavailable(
+                        f"the engine that stored response `{inbound.previous_response_id}` "
+                        "no longer serves this model"
+                    )
+                return holding
+        return engines
+
+    def _flags(self, engine: str) -> ChatFlags:
+        return self.engine_flags.get(engine, ChatFlags())
 
     async def rate_limits(self, tenant: TenantPolicy) -> RateLimitValues | None:
         """The tenant's rate limits as they stand; None when the store cannot say."""
@@ -135,7 +225,7 @@ class Service:
             return 0
         prompt, spec = shape.prompt_tokens[0], admitted.engine
         return blocks_short(
-            held_blocks=lease.blocks,
+            held_blocks=lease.blocks + lease.credit,  # its shared prefix is its own too
             seqs=lease.seqs,
             prompt_tokens=prompt,
             generated=generated // lease.seqs,
@@ -204,28 +294,87 @@ class Service:
         total = sum(e.spec.capacity_blocks(self.kv_ceiling) for e in self.pool)
         return int(total * tenant.kv_share)
 
-    async def shape(self, inbound: Inbound) -> RequestShape:
+    async def count(self, inbound: Inbound, engines: Sequence[EngineSpec] = ()) -> Counted:
+        """Count the request's prompts (as `engines`, the candidates, will render them);
+        raises `BadRequest` for what the request got wrong, `UpstreamUnavailable` when no
+        count can be had."""
+        rules = self.models.get(inbound.model, ModelRules())
+        if not inbound.counted:  # tokenize/detokenize: a lease for the limits, no KV
+            return Counted(RequestShape((), 0, generates=False))
         counter = self.counters[inbound.model]
+        param = "messages" if inbound.chat is not None else "prompt"
         try:
-            if inbound.messages is not None:
-                prompts = [await counter.count_chat(inbound.messages)]
-            else:
-                prompts = await prompt_token_counts(counter, inbound.prompt)
+            prompts = await self._count(counter, inbound, engines, rules)
+        except InvalidChatRequest as e:
+            raise BadRequest(str(e), param=e.param or param) from None
         except ValueError as e:  # the request's fault: template refused it, bad prompt type
-            raise BadRequest(str(e), param="messages" if inbound.messages else "prompt") from None
+            raise BadRequest(str(e), param=param) from None
         except EngineTokenizeError as e:
             if e.status in (400, 422):  # the engine refused the request itself (its template...)
-                param = "messages" if inbound.messages else "prompt"
                 raise BadRequest(e.detail or str(e), param=param) from None
             raise UpstreamUnavailable(f"could not count the request's tokens: {e}") from None
         except TokenCountError as e:
             raise UpstreamUnavailable(f"could not count the request's tokens: {e}") from None
-        return RequestShape(
-            prompt_tokens=tuple(prompts),
+        if inbound.previous_response_id is not None:
+            stored = self.responses.get(inbound.previous_response_id)
+            if stored is not None:  # the conversation the engine prepends
+                prompts[0] = TokenCount(prompts[0].count + stored.total_tokens)
+        shape = RequestShape(
+            prompt_tokens=tuple(c.count for c in prompts),
             max_output_tokens=inbound.max_output_tokens,
             n=inbound.n,
             default_output_tokens=inbound.default_output_tokens,
+            generates=inbound.generates,
+            holds_kv=rules.uses_kv_cache,
         )
+        return Counted(shape, tuple(prompts))
+
+    async def _count(
+        self,
+        counter: TokenCounter,
+        inbound: Inbound,
+        engines: Sequence[EngineSpec],
+        rules: ModelRules,
+    ) -> list[TokenCount]:
+        if inbound.chat is not None:
+            chat = self._as_rendered(inbound.chat, engines)
+            if chat.media_parts:
+                if rules.media is None:
+                    raise InvalidChatRequest(
+                        f"the model `{inbound.model}` is not configured for media input "
+                        "(models[].media); the gateway cannot count its image, video or "
+                        "audio parts",
+                        param="messages",
+                    )
+                media = await rules.media.count(chat.messages, chat.mm_processor_kwargs)
+                chat = chat.with_media(media)
+            return [await counter.count_chat(chat)]
+        if inbound.pairs:
+            return await self._count_pairs(counter, inbound)
+        return await prompt_token_counts(counter, inbound.prompt)
+
+    def _as_rendered(self, chat: ChatInput, engines: Sequence[EngineSpec]) -> ChatInput:
+        """`tool_choice: "none"` renders no tools on engines started with
+        `--exclude-tools-when-tool-choice-none`: dropped only when every candidate engine
+        does, else counted (the larger count is the safe one)."""
+        if (
+            chat.tools
+            and chat.tool_choice_none
+            and engines
+            and all(self._flags(e.name).exclude_tools_when_tool_choice_none for e in engines)
+        ):
+            return chat.without_tools()
+        return chat
+
+    async def _count_pairs(self, counter: TokenCounter, inbound: Inbound) -> list[TokenCount]:
+        """Score/rerank: one sequence per (query, document) pair, counted as both texts with
+        their special tokens (a cross-encoder's pair, or more); plus each query alone (a
+        bi-encoder embeds it as a sequence of its own)."""
+        texts = sorted({t for pair in inbound.pairs for t in pair} | set(inbound.queries))
+        counts = await asyncio.gather(*(counter.count_prompt(t) for t in texts))
+        of = dict(zip(texts, (c.count for c in counts), strict=True))
+        pairs = [TokenCount(of[q] + of[d]) for q, d in inbound.pairs]
+        return [*pairs, *(TokenCount(of[q]) for q in inbound.queries)]
 
     def spec(self, engine: str) -> EngineSpec:
         state = self.pool.get(engine)

@@ -95,7 +95,10 @@ class _Usage:
 
 def _usage(payload: bytes) -> _Usage | None:
     try:
-        usage = json.loads(payload).get("usage")
+        data = json.loads(payload)
+        usage = data.get("usage")
+        if usage is None and isinstance(data.get("response"), dict):
+            usage = data["response"].get("usage")  # a Responses stream's last event
     except (ValueError, AttributeError):
         return None
     return _read_usage(usage)
@@ -105,7 +108,8 @@ def _read_usage(usage: object) -> _Usage | None:
     """An OpenAI `usage` object's counts; None when it is not one."""
     if not isinstance(usage, dict):
         return None
-    got = _Usage(_count(usage.get("total_tokens")), _count(usage.get("completion_tokens")))
+    completion = usage.get("completion_tokens", usage.get("output_tokens"))  # Responses: output
+    got = _Usage(_count(usage.get("total_tokens")), _count(completion))
     return None if got == _Usage(None, None) else got
 
 

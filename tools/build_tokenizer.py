@@ -40,15 +40,62 @@ MODEL_MAX_LENGTH = 4096
 PAD, BOS, EOS, IM_START, IM_END = "<|pad|>", "<|bos|>", "<|eos|>", "<|im_start|>", "<|im_end|>"
 SPECIAL_TOKENS = [PAD, BOS, EOS, IM_START, IM_END]
 
-# ChatML. Content is rendered as a string: vLLM detects that this template does not iterate over
+# ChatML, with tools, tool calls and documents rendered as Qwen2.5's and Hermes' templates render
+# them, and Qwen3's `enable_thinking=False` switch. A conversation without tools, documents or
+# tool messages renders exactly as plain ChatML: every other test's counts stay as they were.
+# Content is rendered as a string: vLLM detects that this template does not iterate over
 # message['content'] and joins OpenAI text parts with "\n" before rendering (its "string"
-# content format); gateway.tokens.hf does the same. No BOS is emitted.
+# content format); gateway.tokens does the same. No BOS is emitted, no default system prompt.
 CHAT_TEMPLATE = (
+    "{%- set skip_system = (tools or documents) and messages[0]['role'] == 'system' %}"
+    "{%- if tools or documents %}"
+    "{{- '<|im_start|>system\\n' }}"
+    "{%- if skip_system %}{{- messages[0]['content'] + '\\n\\n' }}{%- endif %}"
+    "{%- if tools %}"
+    "{{- '# Tools\\n\\nYou may call one or more functions to assist with the user query.\\n\\n"
+    "You are provided with function signatures within <tools></tools> XML tags:\\n<tools>' }}"
+    "{%- for tool in tools %}{{- '\\n' }}{{- tool | tojson }}{%- endfor %}"
+    "{{- '\\n</tools>\\n\\nFor each function call, return a json object with function name and "
+    "arguments within <tool_call></tool_call> XML tags:\\n<tool_call>\\n"
+    '{"name": <function-name>, "arguments": <args-json-object>}\\n</tool_call>\' }}'
+    "{%- endif %}"
+    "{%- if documents %}"
+    "{{- ('\\n\\n' if tools else '') + '# Documents' }}"
+    "{%- for document in documents %}"
+    "{{- '\\n\\n## ' ~ document.title ~ '\\n' ~ document.text }}"
+    "{%- endfor %}"
+    "{%- endif %}"
+    "{{- '<|im_end|>\\n' }}"
+    "{%- endif %}"
     "{%- for message in messages %}"
+    "{%- if loop.first and skip_system %}"
+    "{%- elif message['role'] == 'assistant' and message.tool_calls %}"
+    "{{- '<|im_start|>assistant' }}"
+    "{%- if message['content'] %}{{- '\\n' + message['content'] }}{%- endif %}"
+    "{%- for tool_call in message.tool_calls %}"
+    "{%- if tool_call.function is defined %}{%- set tool_call = tool_call.function %}{%- endif %}"
+    '{{- \'\\n<tool_call>\\n{"name": "\' ~ tool_call.name ~ \'", "arguments": \' }}'
+    "{{- tool_call.arguments | tojson }}"
+    "{{- '}\\n</tool_call>' }}"
+    "{%- endfor %}"
+    "{{- '<|im_end|>\\n' }}"
+    "{%- elif message['role'] == 'tool' %}"
+    "{%- if loop.first or messages[loop.index0 - 1]['role'] != 'tool' %}"
+    "{{- '<|im_start|>user' }}"
+    "{%- endif %}"
+    "{{- '\\n<tool_response>\\n' ~ message['content'] ~ '\\n</tool_response>' }}"
+    "{%- if loop.last or messages[loop.index0 + 1]['role'] != 'tool' %}"
+    "{{- '<|im_end|>\\n' }}"
+    "{%- endif %}"
+    "{%- else %}"
     "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
+    "{%- endif %}"
     "{%- endfor %}"
     "{%- if add_generation_prompt %}"
     "{{- '<|im_start|>assistant\\n' }}"
+    "{%- if enable_thinking is defined and enable_thinking is false %}"
+    "{{- '<think>\\n\\n</think>\\n\\n' }}"
+    "{%- endif %}"
     "{%- endif %}"
 )
 

@@ -42,8 +42,12 @@ implements the same rules in Lua; the conformance suite checks that they agree.
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
+from typing import Any
+
+from sortedcontainers import SortedList
 
 PRIORITY_LIMIT = 10**9
 """|priority| must stay below this (the Redis adapter encodes it in fixed width)."""
@@ -96,12 +100,21 @@ def _by_key(entry: Waiting) -> Key:
 
 
 class FairQueue:
-    """The waiting line and the fair-sharing tags. Mutable; one instance per store."""
+    """The waiting line and the fair-sharing tags. Mutable; one instance per store.
+
+    Indexed so that no decision walks the whole line: the entries in line order (a sorted
+    list), each tenant's count and, per class and tenant, its entries' finish tags (sorted),
+    and the expiry times (a heap, stale items skipped). tests/state/test_scale.py checks
+    that the work per decision does not grow with the line."""
 
     def __init__(self, burst_blocks: float = BURST_BLOCKS) -> None:
         check_burst(burst_blocks)
         self.burst_blocks = float(burst_blocks)
         self._entries: dict[str, Waiting] = {}
+        self._order: Any = SortedList()  # (key, id) in line order
+        self._counts: dict[str, int] = {}  # tenant → entries queued
+        self._finishes: dict[tuple[int, str], Any] = {}  # (priority, tenant) → SortedList
+        self._deadlines: list[tuple[float, int, str]] = []  # heap of (expires_at, seq, id)
         self._served: dict[tuple[int, str], float] = {}  # (priority, tenant) → finish tag
         self._idle_v: dict[int, float] = {}  # priority → largest start tag served
         self._floor: dict[int, float] = {}  # priority → V before the last change (V's floor)
@@ -117,23 +130,26 @@ class FairQueue:
         return self._entries.get(entry_id)
 
     def count(self, tenant: str) -> int:
-        return sum(1 for e in self._entries.values() if e.tenant == tenant)
+        return self._counts.get(tenant, 0)
 
     def in_order(self) -> list[Waiting]:
-        return sorted(self._entries.values(), key=_by_key)
+        return [self._entries[i] for _, i in self._order]
 
     def virtual_now(self, priority: int) -> float:
-        starts = [e.start for e in self._entries.values() if e.priority == priority]
-        v = min(starts) if starts else self._idle_v.get(priority, 0.0)
+        """V of the class: the smallest start tag queued in it (the first of the class in
+        line order), else the largest served; never below its floor."""
+        at = self._order.bisect_left(((-priority,),))
+        v = self._idle_v.get(priority, 0.0)
+        if at < len(self._order):
+            first = self._entries[self._order[at][1]]
+            if first.priority == priority:
+                v = first.start
         return max(self._floor.get(priority, 0.0), v)
 
     def last_finish(self, tenant: str, priority: int) -> float:
-        queued = [
-            e.finish
-            for e in self._entries.values()
-            if e.tenant == tenant and e.priority == priority
-        ]
-        return max([self._served.get((priority, tenant), 0.0), *queued])
+        finishes = self._finishes.get((priority, tenant))
+        queued: float = finishes[-1][0] if finishes else 0.0
+        return max(self._served.get((priority, tenant), 0.0), queued)
 
     def start_tag(self, tenant: str, priority: int, weight: float) -> float:
         """The start tag a new entry of `tenant` would get now: `max(V − B / weight, F_t)`."""
@@ -173,7 +189,8 @@ class FairQueue:
             seq=self._seq,
             expires_at=expires_at,
         )
-        self._entries[entry_id] = entry
+        self._add(entry)
+        heapq.heappush(self._deadlines, (expires_at, entry.seq, entry_id))
         return entry
 
     def leave(self, entry_id: str) -> Waiting | None:
@@ -184,21 +201,24 @@ class FairQueue:
         tenant's run of tags and cost it its share while it keeps waiting."""
         if entry_id in self._entries:
             self._hold_v(self._entries[entry_id].priority)
-        gone = self._entries.pop(entry_id, None)
+        gone = self._drop(entry_id)
         if gone is not None:
             charge = gone.finish - gone.start
-            for e in list(self._entries.values()):
-                if e.tenant == gone.tenant and e.priority == gone.priority and e.key > gone.key:
+            finishes = self._finishes.get((gone.priority, gone.tenant))
+            later = [self._entries[i] for _, _, i in finishes or ()]
+            for e in later:  # the tenant's own entries in the class, not the whole line
+                if e.key > gone.key:
                     start = max(gone.start, e.start - charge)
                     moved = replace(e, start=start, finish=start + (e.finish - e.start))
-                    self._entries[e.id] = moved
+                    self._drop(e.id)
+                    self._add(moved)
         return gone
 
     def serve(self, entry_id: str) -> Waiting | None:
         """The entry was admitted: its tags become the tenant's and the class's history."""
         if entry_id in self._entries:
             self._hold_v(self._entries[entry_id].priority)
-        entry = self._entries.pop(entry_id, None)
+        entry = self._drop(entry_id)
         if entry is not None:
             self._remember(entry.tenant, entry.priority, entry.start, entry.finish)
         return entry
@@ -221,7 +241,13 @@ class FairQueue:
 
     def expire(self, now: float) -> list[Waiting]:
         """Remove and return entries whose time is up (they leave without service)."""
-        gone = sorted((e for e in self._entries.values() if e.expires_at <= now), key=_by_key)
+        due: list[Waiting] = []
+        while self._deadlines and self._deadlines[0][0] <= now:
+            _, seq, entry_id = heapq.heappop(self._deadlines)
+            e = self._entries.get(entry_id)
+            if e is not None and e.seq == seq:  # else served or gone already
+                due.append(e)
+        gone = sorted(due, key=_by_key)
         for e in gone:
             self.leave(e.id)
         return gone
@@ -234,18 +260,40 @@ class FairQueue:
         passable: Callable[[Waiting], bool] | None = None,
     ) -> bool:
         """True when a queued entry ordered before `key` competes for any of `engines`;
-        entries for which `passable` is true do not count (see gateway/core/headroom.py)."""
-        return any(
-            e.key < key
-            and e.engines & engines
-            and e.id != own_id
-            and (passable is None or not passable(e))
-            for e in self._entries.values()
-        )
+        entries for which `passable` is true do not count (see gateway/core/headroom.py).
+        Looks at the entries ahead in line order up to the first that blocks."""
+        for _, entry_id in self._order.irange(maximum=(key,), inclusive=(True, False)):
+            e = self._entries[entry_id]
+            if e.engines & engines and e.id != own_id and (passable is None or not passable(e)):
+                return True
+        return False
 
     def blocks_ahead(self, engines: frozenset[str]) -> int:
         """Blocks wanted by queued entries competing for any of `engines`."""
         return sum(e.blocks for e in self._entries.values() if e.engines & engines)
+
+    def _add(self, entry: Waiting) -> None:
+        self._entries[entry.id] = entry
+        self._order.add((entry.key, entry.id))
+        self._counts[entry.tenant] = self._counts.get(entry.tenant, 0) + 1
+        finishes = self._finishes.setdefault((entry.priority, entry.tenant), SortedList())
+        finishes.add((entry.finish, entry.seq, entry.id))
+
+    def _drop(self, entry_id: str) -> Waiting | None:
+        entry = self._entries.pop(entry_id, None)
+        if entry is None:
+            return None
+        self._order.remove((entry.key, entry.id))
+        left = self._counts[entry.tenant] - 1
+        if left:
+            self._counts[entry.tenant] = left
+        else:
+            del self._counts[entry.tenant]
+        tag = (entry.priority, entry.tenant)
+        self._finishes[tag].remove((entry.finish, entry.seq, entry.id))
+        if not self._finishes[tag]:
+            del self._finishes[tag]
+        return entry
 
     def _hold_v(self, priority: int) -> None:
         """Record V before the line changes: whatever leaves or joins, V never goes back."""

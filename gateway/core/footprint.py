@@ -51,13 +51,20 @@ def footprint(
     tokens = 0
     prompt_blocks = 0
     for prompt in shape.prompt_tokens:
-        budget = output_budget(
-            prompt, shape.max_output_tokens, max_model_len, shape.default_output_tokens, clamp=clamp
-        )
+        budget = 0
+        if shape.generates:
+            budget = output_budget(
+                prompt,
+                shape.max_output_tokens,
+                max_model_len,
+                shape.default_output_tokens,
+                clamp=clamp,
+            )
         reserved = budget if output_cap is None else min(budget, output_cap)
-        blocks += shape.n * ceil_div(prompt + reserved, block_size)
         tokens += shape.n * (prompt + budget)
-        prompt_blocks += shape.n * ceil_div(prompt, block_size)
+        if shape.holds_kv:
+            blocks += shape.n * ceil_div(prompt + reserved, block_size)
+            prompt_blocks += shape.n * ceil_div(prompt, block_size)
     seqs = shape.n * len(shape.prompt_tokens)
     return Footprint(blocks=blocks, seqs=seqs, tokens=tokens, prompt_blocks=prompt_blocks)
 
@@ -71,6 +78,13 @@ def context_overflow(shape: RequestShape, max_model_len: int, *, clamp: bool = F
     than the whole context, which vLLM 0.32 refuses too; a smaller one is cut to what fits.
     """
     for prompt in shape.prompt_tokens:
+        if not shape.generates:
+            if prompt > max_model_len:
+                return (
+                    f"This model's maximum context length is {max_model_len} tokens. However, "
+                    f"your input contains {prompt} tokens."
+                )
+            continue
         if prompt >= max_model_len:
             return (
                 f"This model's maximum context length is {max_model_len} tokens. However, your "

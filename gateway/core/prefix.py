@@ -47,6 +47,12 @@ def block_hashes(token_ids: Sequence[int], block_size: int, extra: bytes = b"") 
     return hashes
 
 
+def extra_for(model: str, salt: bytes = b"") -> bytes:
+    """The `extra` of a prompt for `model` with `cache_salt` `salt` (empty: none): the model
+    (a LoRA adapter is its own model id) and the salt, as vLLM's extra keys separate them."""
+    return model.encode() + b"\0" + salt
+
+
 def hit_cap(prompt_tokens: int, block_size: int) -> int:
     """The most blocks of a prompt a cache hit can cover: vLLM computes the last prompt
     token in any case."""
@@ -68,8 +74,8 @@ class PrefixIndex:
     """What each engine is expected to hold in its prefix cache: the block hashes of the
     prompts routed there, LRU, at most `capacity(engine)` per engine and `max_entries` in all.
 
-    Mutable; one per gateway process. Memory: about 100 bytes per entry (an 8-byte hash in an
-    ordered dict), measured in docs/benchmarks.md."""
+    Mutable; one per gateway process. Memory: about 150 bytes per entry (an 8-byte hash in an
+    ordered dict; 146 measured, docs/benchmarks.md)."""
 
     def __init__(self, max_entries: int = 1_000_000) -> None:
         if max_entries < 1:
@@ -114,6 +120,24 @@ class PrefixIndex:
             largest.popitem(last=False)
             self._size -= 1
 
+    def remove(self, engine: str, hashes: Sequence[BlockHash]) -> int:
+        """The engine evicted these blocks (its KV events said so); returns how many of them
+        were recorded."""
+        held = self._engines.get(engine)
+        if held is None:
+            return 0
+        gone = 0
+        for h in hashes:
+            if h in held:
+                del held[h]
+                gone += 1
+        self._size -= gone
+        return gone
+
+    def hashes(self, engine: str) -> list[BlockHash]:
+        """The hashes recorded for `engine`, least recently used first."""
+        return list(self._engines.get(engine, ()))
+
     def forget(self, engine: str) -> None:
         """The engine restarted (or was reconfigured): its cache is empty."""
         held = self._engines.pop(engine, None)
@@ -128,3 +152,73 @@ class PrefixIndex:
         while len(held) > limit:
             held.popitem(last=False)
             self._size -= 1
+
+
+class PrefixHolds:
+    """Which prefix blocks the gateway's live leases hold on each engine, reference counted.
+
+    vLLM shares a cached full block between every running request whose prompt starts with
+    it; a block referenced by a running request is in use, one nobody references is free
+    (`vllm:kv_cache_usage_perc` counts it free). So a new request's footprint on an engine may
+    be *credited* only with the leading blocks of its prompt that a live lease there already
+    holds (`leading`): those are in use whatever it does, and it takes them without new
+    memory. Crediting blocks that are merely cached would under-count, because admitting the
+    request turns them from free into used.
+
+    The ledger counts each held block once, for as long as some lease holds it: an engine's
+    reserved blocks are the leases' private blocks plus `shared(engine)`, the distinct held
+    hashes. A lease holding `k` prefix hashes with a footprint of `T` blocks is private for
+    `T − k` (the rest of its prompt and its output, and the copies of a fan-out `n > 1`, which
+    vLLM shares but the gateway keeps counting: a safe error) and shares `k`; admitting it
+    costs `T − leading` (`hold` returns how many of its hashes were new), releasing it gives
+    back `T − k` and whatever its `drop` frees (the hashes no other lease holds).
+
+    A lease holds a prefix-closed run of hashes (its prompt's first `k` blocks), so the held
+    hashes of an engine are a union of such runs: a held hash's parents are held too, and
+    `leading` is where the first unheld hash is.
+
+    Pure and mutable: one per in-process store (the Redis store keeps the same counts in a
+    hash per engine, `gateway/state/lua/`).
+    """
+
+    def __init__(self) -> None:
+        self._counts: dict[str, dict[BlockHash, int]] = {}
+
+    def leading(self, engine: str, hashes: Sequence[BlockHash]) -> int:
+        """How many of `hashes`, from the first, live leases on `engine` hold."""
+        counts = self._counts.get(engine)
+        return 0 if counts is None else leading(hashes, counts)
+
+    def hold(self, engine: str, hashes: Sequence[BlockHash]) -> int:
+        """A lease on `engine` holds `hashes` now; returns how many no lease held before."""
+        if not hashes:
+            return 0
+        counts = self._counts.setdefault(engine, {})
+        new = 0
+        for h in hashes:
+            held = counts.get(h, 0)
+            counts[h] = held + 1
+            new += held == 0
+        return new
+
+    def drop(self, engine: str, hashes: Sequence[BlockHash]) -> int:
+        """A lease that held `hashes` on `engine` ended; returns how many no lease holds now.
+        Dropping what was never held is a programming error (ValueError)."""
+        counts = self._counts.get(engine)
+        freed = 0
+        for h in hashes:
+            held = 0 if counts is None else counts.get(h, 0)
+            if held <= 0 or counts is None:
+                raise ValueError(f"prefix block {h.hex()} is not held on engine {engine!r}")
+            if held == 1:
+                del counts[h]
+                freed += 1
+            else:
+                counts[h] = held - 1
+        if counts is not None and not counts:
+            del self._counts[engine]
+        return freed
+
+    def shared(self, engine: str) -> int:
+        """Distinct prefix blocks live leases hold on `engine` (each counted once)."""
+        return len(self._counts.get(engine, ()))

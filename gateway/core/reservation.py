@@ -134,27 +134,45 @@ class AdaptiveQuantile:
     the engines preempt at most `target_per_1000` times per 1,000 completed requests.
 
     An allowance grows by `target / 1000` per completed request and shrinks by one per
-    preemption (`vllm:num_preemptions_total` rising). Over budget by a whole preemption: the
-    quantile goes up a step (more is reserved, fewer requests run at once, the engine stops
-    running out of blocks), and the allowance starts again from zero; a whole preemption's
-    allowance unused: it goes down a step (less is reserved, more requests run). In steady
-    state the quantile settles where the engines preempt at the target rate, whatever the
-    workload's tail. Pure: the caller feeds the counts it observed."""
+    preemption (`vllm:num_preemptions_total` rising). Tighten fast: each whole preemption
+    the allowance falls below zero moves the quantile up a step at once (more is reserved,
+    fewer requests run at once, the engine stops running out of blocks). Relax slowly: a
+    whole preemption's allowance to spare moves it down one step, and spends it. The debt
+    is never forgiven: preemptions come in bursts (when the quantile falls under a tail of
+    long outputs, every long answer admitted since outgrows its lease), and a burst of N
+    over budget keeps the quantile from relaxing until N / target × 1,000 quiet requests
+    have paid it back. So over a long run the engines preempt at most at the target rate,
+    plus what one burst adds, whatever the workload's tail. Pure: the caller feeds the
+    counts it observed."""
 
     def __init__(self, policy: AdaptivePolicy, start: float) -> None:
         self.policy = policy
         self.quantile = min(1.0, max(policy.min_quantile, start))
         self._allowance = 0.0
 
+    @property
+    def allowance(self) -> float:
+        """Preemptions still allowed (negative: owed) by the target so far."""
+        return self._allowance
+
     def observe(self, *, completed: int = 0, preemptions: int = 0) -> None:
         """`completed` requests finished and the engines preempted `preemptions` times since
         the last call."""
         if completed < 0 or preemptions < 0:
             raise ValueError("counts cannot be negative")
-        self._allowance += completed * self.policy.target_per_1000 / 1000 - preemptions
-        if self._allowance <= -1.0:
-            self.quantile = min(1.0, self.quantile + self.policy.step)
-            self._allowance = 0.0
+        owed_before = _whole_debt(self._allowance)
+        # Rounded: a thousand additions of 0.001 make 1, not 0.999…9.
+        self._allowance = round(
+            self._allowance + completed * self.policy.target_per_1000 / 1000 - preemptions, 9
+        )
+        steps_up = _whole_debt(self._allowance) - owed_before
+        if steps_up > 0:
+            self.quantile = min(1.0, self.quantile + steps_up * self.policy.step)
         elif self._allowance >= 1.0:
             self.quantile = max(self.policy.min_quantile, self.quantile - self.policy.step)
-            self._allowance = 0.0
+            self._allowance -= 1.0
+
+
+def _whole_debt(allowance: float) -> int:
+    """Whole preemptions over budget."""
+    return max(0, math.floor(-allowance))

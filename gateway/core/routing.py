@@ -3,13 +3,18 @@
 A request may go only to engines that pass every filter (healthy, room for its blocks, a
 free sequence slot). Among those, scorers rank them; the first scorer decides, later ones
 break ties, and an injected chooser breaks what ties remain. The default is the product's
-promise: the engine with the most free KV blocks, then the one with fewer running sequences.
+promise: the engine with the most free KV blocks *after* this request (`most_free_after`:
+its footprint there is credited with the prefix blocks live leases hold, and the blocks the
+engine is expected to cache count as saved), then the one with fewer running sequences.
+Without prefixes it orders engines as `most_free_blocks` (free blocks before the request,
+the old default, still selectable) does for equal footprints.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Protocol, TypeVar
 
 from gateway.core.types import EngineView, Footprint
@@ -44,6 +49,26 @@ def most_free_blocks(candidate: Candidate, kv_ceiling: float) -> float:
     return float(candidate.view.free_blocks(kv_ceiling))
 
 
+DEFAULT_CACHED_BLOCK_WEIGHT = 4.0
+"""How many free blocks one block expected in an engine's prefix cache is worth to
+`most_free_after` (`routing.cached_block_weight`)."""
+
+
+def most_free_after(
+    candidate: Candidate, kv_ceiling: float, cached_weight: float = DEFAULT_CACHED_BLOCK_WEIGHT
+) -> float:
+    """Free KV blocks left on the engine after this request, plus what its cache saves:
+    its free blocks less what the request costs there (`need.blocks`, already credited with
+    the prefix blocks live leases hold there: the memory saved), plus `cached_weight` for
+    each block of its prompt the engine is expected to have cached, held or not
+    (`need.cached`, which `Footprint.credited` keeps at least the credit): there the request
+    skips computing them (the prefill saved, which free blocks elsewhere do not buy back;
+    `routing.cached_block_weight` says what one is worth in free blocks). With no prefix
+    known it orders engines as `most_free_blocks` does for an equal footprint."""
+    need = candidate.need
+    return candidate.view.free_blocks(kv_ceiling) - need.blocks + cached_weight * need.cached
+
+
 def fewest_running(candidate: Candidate, kv_ceiling: float) -> float:
     """Fewer sequences running (reserved or reported) is better."""
     return -float(candidate.view.running)
@@ -60,10 +85,11 @@ def lowest_kv_fraction(candidate: Candidate, kv_ceiling: float) -> float:
 
 SCORERS: dict[str, Scorer] = {
     "most_free_blocks": most_free_blocks,
+    "most_free_after": most_free_after,
     "fewest_running": fewest_running,
     "lowest_kv_fraction": lowest_kv_fraction,
 }
-DEFAULT_SCORERS: tuple[str, ...] = ("most_free_blocks", "fewest_running")
+DEFAULT_SCORERS: tuple[str, ...] = ("most_free_after", "fewest_running")
 
 
 class Chooser(Protocol):
@@ -75,14 +101,27 @@ class Chooser(Protocol):
 class Router:
     """Picks an engine for a request, or None when it fits nowhere right now."""
 
-    def __init__(self, scorer_names: Sequence[str] = DEFAULT_SCORERS) -> None:
+    def __init__(
+        self,
+        scorer_names: Sequence[str] = DEFAULT_SCORERS,
+        *,
+        cached_block_weight: float = DEFAULT_CACHED_BLOCK_WEIGHT,
+    ) -> None:
         unknown = [name for name in scorer_names if name not in SCORERS]
         if unknown:
             raise ValueError(f"unknown routing scorer(s) {unknown}; known: {sorted(SCORERS)}")
         if not scorer_names:
             raise ValueError("routing needs at least one scorer")
+        if not cached_block_weight >= 0:
+            raise ValueError(f"cached_block_weight must be >= 0, not {cached_block_weight}")
         self.scorer_names = tuple(scorer_names)
-        self._scorers = tuple(SCORERS[name] for name in scorer_names)
+        self.cached_block_weight = float(cached_block_weight)
+        self._scorers = tuple(
+            partial(most_free_after, cached_weight=self.cached_block_weight)
+            if name == "most_free_after"
+            else SCORERS[name]
+            for name in scorer_names
+        )
 
     def pick(
         self, candidates: Sequence[Candidate], kv_ceiling: float, chooser: Chooser

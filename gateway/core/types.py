@@ -79,7 +79,12 @@ class EngineView:
     last scrape (`gateway/core/ledger.py`), 0 until it has been scraped:
 
         free_blocks = floor(kv_ceiling × usable_blocks) − reserved_blocks − foreign_blocks
-        free_seqs   = max_num_seqs − reserved_seqs − foreign_seqs
+        free_seqs   = max_num_seqs + staged_seqs − reserved_seqs − foreign_seqs
+
+    `staged_seqs` (`admission.staged_seqs`) lets that many of the gateway's sequences wait
+    inside the engine beyond `max_num_seqs`, their blocks reserved like any other: when a
+    running sequence ends, the engine starts a staged one at its next step, as it does when
+    clients send to it directly, instead of after a round trip through the gateway.
 
     Foreign use that hides inside the slack of the gateway's own worst-case reservations (a
     request reserved for 1,000 output tokens that has produced 10) is indistinguishable from
@@ -91,13 +96,26 @@ class EngineView:
     healthy: bool = True
     foreign_blocks: int = 0
     foreign_seqs: int = 0
+    staged_seqs: int = 0
+
+    def with_load(self, load: EngineLoad) -> EngineView:
+        """This view with `load` (as `dataclasses.replace`, a few times faster: a store makes
+        one per engine per decision). Keep in step with the fields above."""
+        return EngineView(
+            self.spec, load, self.healthy, self.foreign_blocks, self.foreign_seqs, self.staged_seqs
+        )
 
     def free_blocks(self, kv_ceiling: float) -> int:
         used = self.load.reserved_blocks + self.foreign_blocks
         return self.spec.capacity_blocks(kv_ceiling) - used
 
     def free_seqs(self) -> int:
-        return self.spec.max_num_seqs - self.running
+        return self.seq_slots - self.running
+
+    @property
+    def seq_slots(self) -> int:
+        """Sequences the gateway may have on the engine: `max_num_seqs` + `staged_seqs`."""
+        return self.spec.max_num_seqs + self.staged_seqs
 
     @property
     def running(self) -> int:
@@ -116,24 +134,56 @@ class RequestShape:
     engine's default applies: `default_output_tokens` (vLLM's completions default, 16, when
     `max_tokens` is left out) clamped to what fits, or, when that is None too (an explicit
     `null`, or chat), up to `max_model_len − prompt`.
+
+    `generates` is False for requests that only read their prompts (embeddings, pooling,
+    score, rerank, tokenize): no output is reserved and a prompt may fill the whole context.
+    `holds_kv` is False for models that keep no KV cache for their prompts (encoder-only
+    poolers): such a request takes sequence slots but no blocks.
     """
 
     prompt_tokens: tuple[int, ...]
     max_output_tokens: int | None
     n: int = 1
     default_output_tokens: int | None = None
+    generates: bool = True
+    holds_kv: bool = True
 
 
 @dataclass(frozen=True, slots=True)
 class Footprint:
     """A request's claim on one engine: the blocks reserved for it (the worst case, or less
     under a predicted reservation), its sequences, its worst-case tokens, and the blocks of
-    its prompts (× sequences) — what it holds for sure once running (0: not known)."""
+    its prompts (× sequences) — what it holds for sure once running (0: not known).
+
+    Prefix caching (`gateway/core/prefix.py`): `prefix` are the hashes of its prompt's first
+    full blocks that a cache hit could cover (at most `hit_cap`; empty when the gateway cannot
+    tell: no token ids, media, several prompts); `credit` is how many of them a live lease on
+    this engine already holds, already taken off `blocks` and `prompt_blocks` (the store sets
+    it at admission, `credited`); `cached` is how many the engine is expected to have in its
+    cache, held or not (the gateway's prefix index): blocks it need not compute, which
+    routing may prefer (`most_free_after`) but admission never counts as free."""
 
     blocks: int
     seqs: int
     tokens: int
     prompt_blocks: int = 0
+    prefix: tuple[bytes, ...] = ()
+    credit: int = 0
+    cached: int = 0
+
+    def credited(self, held: int) -> Footprint:
+        """This footprint with `held` of its prefix blocks already held on the engine (at most
+        `len(prefix)`): those cost nothing more there."""
+        credit = max(0, min(held, len(self.prefix)))
+        return Footprint(
+            blocks=self.blocks - credit,
+            seqs=self.seqs,
+            tokens=self.tokens,
+            prompt_blocks=max(0, self.prompt_blocks - credit),
+            prefix=self.prefix,
+            credit=credit,
+            cached=max(self.cached, credit),
+        )
 
 
 @dataclass(frozen=True, slots=True)

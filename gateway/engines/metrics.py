@@ -174,12 +174,18 @@ def used_blocks_from_usage(usage: float, num_gpu_blocks: int) -> int:
     return min(usable, max(0, round(usage * usable)))
 
 
+PROCESS_START = "process_start_time_seconds"
+"""prometheus_client's process collector on vLLM's page: when the engine's server started."""
+
+
 @dataclass(frozen=True)
 class MetricsPage:
-    """A whole page: the server's cache config and one snapshot per model."""
+    """A whole page: the server's cache config, one snapshot per model, and when the
+    engine's process started (None: not on the page)."""
 
     cache: CacheConfig | None
     models: Mapping[str, EngineMetrics]
+    started: float | None = None
 
 
 def parse_page(text: str) -> MetricsPage:
@@ -196,7 +202,8 @@ def parse_page(text: str) -> MetricsPage:
     for (model, engine), values in sorted(series.items(), key=lambda kv: _engine_order(kv[0])):
         ranks.setdefault(model, []).append(_rank(model, engine, values))
     models = {model: _aggregate(model, tuple(rs), cache) for model, rs in ranks.items()}
-    return MetricsPage(cache=cache, models=MappingProxyType(models))
+    started = next((s.value for s in samples if s.name == PROCESS_START), None)
+    return MetricsPage(cache=cache, models=MappingProxyType(models), started=started)
 
 
 def parse_metrics(text: str) -> dict[str, EngineMetrics]:

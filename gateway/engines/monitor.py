@@ -133,6 +133,8 @@ class EngineMonitor:
         was_healthy = state.healthy
         state.suspect = 0
         state.new_work_at = self.clock()  # answering probes again: the grace starts afresh
+        if page is not None:
+            self.pool.started(name, page.started)
         if page is not None and page.cache is not None:
             geometry = {
                 "num_gpu_blocks": page.cache.num_gpu_blocks,
@@ -156,6 +158,21 @@ class EngineMonitor:
             used_blocks=max(_known(m.used_blocks for m in models), default=None),
         )
         state.running, state.waiting = reported.running, reported.waiting
+        if (
+            reported.running is not None
+            and reported.running > state.spec.max_num_seqs
+            and not state.runs_beyond_max
+        ):
+            state.runs_beyond_max = True
+            if self.pool.staged_seqs:
+                log.warning(
+                    "engine %s runs %d sequences, more than its configured max_num_seqs %d: "
+                    "that is a cap below the engine's own, so no sequence is staged beyond it "
+                    "(admission.staged_seqs)",
+                    name,
+                    reported.running,
+                    state.spec.max_num_seqs,
+                )
         state.used_blocks = reported.used_blocks
         state.kv_cache_usage = max(_known(m.kv_cache_usage for m in models), default=None)
         state.preemptions = _total(m.num_preemptions_total for m in models)

@@ -52,6 +52,15 @@ class EngineState:
     # --max-num-queued-tokens: 503): "full now". Not routed to until then, or until one of
     # the gateway's requests on it ends.
     full_until: float = 0.0
+    # The engine was seen running more sequences than its configured `max_num_seqs`: that
+    # figure is a cap below the engine's own, so no sequence is staged beyond it
+    # (`admission.staged_seqs`: staged requests would run, not wait).
+    runs_beyond_max: bool = False
+    # Its cache may have been emptied since: counted up when its process start time changes
+    # or it is readmitted after an ejection (what the gateway expects it to cache is then
+    # forgotten: gateway/core/prefix.py PrefixIndex).
+    epoch: int = 0
+    started: float | None = None  # process_start_time_seconds at the last scrape
 
 
 class EnginePool:
@@ -60,8 +69,10 @@ class EnginePool:
         specs: list[EngineSpec],
         sources: dict[str, dict[str, str]] | None = None,
         clock: Callable[[], float] = time.monotonic,
+        staged_seqs: int = 0,
     ) -> None:
         self.clock = clock
+        self.staged_seqs = staged_seqs
         self._engines: dict[str, EngineState] = {
             s.name: EngineState(spec=s, sources=dict((sources or {}).get(s.name, {})))
             for s in specs
@@ -92,6 +103,7 @@ class EnginePool:
             healthy=e.healthy and self.clock() >= e.full_until,
             foreign_blocks=e.foreign.blocks,
             foreign_seqs=e.foreign.seqs,
+            staged_seqs=0 if e.runs_beyond_max else self.staged_seqs,
         )
 
     def answer_started(self, name: str) -> None:
@@ -137,10 +149,21 @@ class EnginePool:
         e = self._engines[name]
         if not e.healthy:
             log.info("engine %s readmitted after %d failed probe(s)", name, e.failures)
+            e.epoch += 1  # it may have restarted meanwhile
         e.healthy = True
         e.failures = 0
         e.last_error = None
         e.next_probe_at = 0.0
+
+    def started(self, name: str, started: float | None) -> None:
+        """The engine's process start time as its page gave it; a new one is a restart."""
+        e = self._engines[name]
+        if started is None:
+            return
+        if e.started is not None and started != e.started:
+            log.info("engine %s restarted (its process start time changed)", name)
+            e.epoch += 1
+        e.started = started
 
     def update_spec(self, name: str, source: str, **changes: Any) -> None:
         """The engine now reports other numbers (e.g. restarted with another KV size)."""

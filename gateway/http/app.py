@@ -6,7 +6,8 @@ from a built `Runtime`; nothing looks the runtime up per request.
 Who may read what: `/health` and `/ready` are open and name no engine (load balancers and
 orchestrators probe them without credentials); `/v1/models` needs a tenant's key when tenants
 are configured, as the completions do; `/admin/*` and `/metrics` pass the `AdminGate` (an
-admin key, see `AdminConfig`).
+admin key, see `AdminConfig`). `/dashboard` is a page with no data of its own: it asks for
+the admin key and polls `/admin/status` with it (`gateway/http/dashboard.py`).
 """
 
 from __future__ import annotations
@@ -25,19 +26,45 @@ from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
 from gateway import status
-from gateway.errors import GatewayError
-from gateway.exchange import PATHS
+from gateway.auth import policy_of
+from gateway.core.types import DEFAULT_TENANT
+from gateway.errors import GatewayError, ModelNotFound
+from gateway.exchange import ROUTES
+from gateway.http import dashboard
 from gateway.http.completions import BodyLimits, CompletionsEndpoint
 from gateway.http.errors import EngineNames, error_response_parts, log_error
 from gateway.http.request_ids import request_id as request_id_of
 from gateway.runtime import Runtime
+from gateway.version import __version__
 
 _STARTED = int(time.time())
 
 Handler = Callable[[Request], Awaitable[Response]]
 
 
-def _routes(runtime: Runtime) -> list[Route]:
+def status_extras(runtime: Runtime, worker: tuple[int, int] | None = None) -> status.Extras:
+    """What `/admin/status` reads beyond the pool and the store: the configured tenants (as
+    the last reload left them), the counters (every worker's), the estimates, the line."""
+    service = runtime.service
+    quantiles = {}
+    if service.reservation == "adaptive":
+        quantiles = {model: a.quantile for model, a in service.adaptive.items()}
+    models = {
+        model: status.ModelEstimate(
+            predicted_output_tokens=lengths.predicted(), reserved_quantile=quantiles.get(model)
+        )
+        for model, lengths in service.output_lengths.items()
+    }
+    return status.Extras(
+        tenants=[policy_of(t) for t in runtime.cfg.tenants] or [DEFAULT_TENANT],
+        totals=runtime.metrics.totals(),
+        models=models,
+        oldest_wait_s=runtime.scheduler.oldest_wait_s(),
+        worker=worker,
+    )
+
+
+def _routes(runtime: Runtime, worker: tuple[int, int] | None = None) -> list[Route]:
     pool, store, metrics = runtime.pool, runtime.store, runtime.metrics
     kv_ceiling = runtime.cfg.admission.kv_ceiling
     auth, admin = runtime.auth, runtime.admin
@@ -49,21 +76,37 @@ def _routes(runtime: Runtime) -> list[Route]:
 
         return checked
 
+    def model_card(name: str, max_len: int) -> dict[str, object]:
+        return {
+            "id": name,
+            "object": "model",
+            "created": _STARTED,
+            "owned_by": "kv-gateway",
+            "root": name,
+            "parent": None,
+            "max_model_len": max_len,
+        }
+
     async def list_models(request: Request) -> Response:
         auth.tenant(request.headers.get("authorization"))
-        data = [
-            {
-                "id": name,
-                "object": "model",
-                "created": _STARTED,
-                "owned_by": "kv-gateway",
-                "root": name,
-                "parent": None,
-                "max_model_len": max_len,
-            }
-            for name, max_len in sorted(pool.models().items())
-        ]
+        data = [model_card(name, n) for name, n in sorted(pool.models().items())]
         return JSONResponse({"object": "list", "data": data})
+
+    async def get_model(request: Request) -> Response:
+        """`GET /v1/models/{id}` (the SDK's `models.retrieve`), answered from what the
+        engines serve; an unknown id is OpenAI's 404 `model_not_found`."""
+        auth.tenant(request.headers.get("authorization"))
+        name = request.path_params["model_id"]
+        served = pool.models()
+        if name not in served:
+            shown = name if len(name) <= 200 else name[:200] + "…"
+            raise ModelNotFound(f"The model `{shown}` does not exist.", param="model")
+        return JSONResponse(model_card(name, served[name]))
+
+    async def version(request: Request) -> Response:
+        """`GET /version`: the gateway's own version (vLLM answers its own there)."""
+        auth.tenant(request.headers.get("authorization"))
+        return JSONResponse({"version": __version__, "server": "kv-gateway"})
 
     async def health(request: Request) -> Response:
         return JSONResponse({"status": "ok"})
@@ -95,15 +138,28 @@ def _routes(runtime: Runtime) -> list[Route]:
         return Response(page, media_type=CONTENT_TYPE_LATEST)
 
     async def admin_status(request: Request) -> Response:
-        """What the gateway believes: engines (with where each value came from), loads, queue."""
-        return JSONResponse(await status.snapshot(store, pool, kv_ceiling))
+        """What the gateway believes (`docs/status.schema.json`): engines (with where each
+        value came from), loads, the queue, traffic, tenants, estimates. The dashboard's JSON."""
+        extras = status_extras(runtime, worker)
+        prefixes = runtime.service.prefixes
+        document = await status.snapshot(
+            store,
+            pool,
+            kv_ceiling,
+            extras,
+            prefix_index=prefixes.status if prefixes else None,
+        )
+        return JSONResponse(document, headers={"cache-control": "no-store"})
 
     get: list[tuple[str, Handler]] = [
         ("/v1/models", list_models),
+        ("/v1/models/{model_id:path}", get_model),
+        ("/version", version),
         ("/health", health),
         ("/ready", ready),
         ("/metrics", for_admins(metrics_page)),
         ("/admin/status", for_admins(admin_status)),
+        *dashboard.pages(),
     ]
     return [Route(path, handler, methods=["GET"]) for path, handler in get]
 
@@ -150,9 +206,10 @@ class GatewayApp:
         await self.starlette(scope, receive, send)
 
 
-def create_app(runtime: Runtime) -> GatewayApp:
+def create_app(runtime: Runtime, worker: tuple[int, int] | None = None) -> GatewayApp:
     """The gateway app over a built `runtime` (engines discovered: start-up errors come
-    before binding); the app's lifespan closes the runtime at shutdown."""
+    before binding); the app's lifespan closes the runtime at shutdown. `worker`: (index,
+    count) when this process is one of `serve --workers N` (`/admin/status` says so)."""
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -167,12 +224,12 @@ def create_app(runtime: Runtime) -> GatewayApp:
     )
     names = EngineNames.of(runtime.cfg.engines)
     hot = {
-        path: CompletionsEndpoint(kind, runtime.exchanges, runtime.auth, limits, names)
-        for kind, path in PATHS.items()
+        path: CompletionsEndpoint(kind, runtime.exchanges, runtime.auth, limits, names, path)
+        for path, kind in ROUTES.items()
     }
     routes = [
         *(Route(path, endpoint, methods=["POST"]) for path, endpoint in hot.items()),
-        *_routes(runtime),
+        *_routes(runtime, worker),
     ]
     starlette = Starlette(
         routes=routes,

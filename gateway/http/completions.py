@@ -1,4 +1,6 @@
-"""`POST /v1/chat/completions` and `POST /v1/completions`, as a plain ASGI endpoint.
+"""The admitted endpoints (`POST /v1/chat/completions`, `/v1/completions`, `/v1/embeddings`,
+`/pooling`, `/score`, `/rerank`, `/v1/responses`, `/tokenize`, `/detokenize`), as a plain
+ASGI endpoint.
 
 Plain ASGI because the gateway must notice a client that goes away at any moment — while its
 request is queued, while the engine thinks, mid-stream — and then close the upstream request
@@ -49,7 +51,13 @@ class BodyLimits:
 
 
 class CompletionsEndpoint:
-    """`names`: which engine names clients may read (`EngineNames`)."""
+    """`names`: which engine names clients may read (`EngineNames`); `path`: where the
+    request is forwarded (default: the kind's completions path).
+
+    Every answer that reached an engine carries what the gateway counted and reserved:
+    `x-kv-gateway-prompt-tokens` (the prompt tokens as vLLM's `usage.prompt_tokens` counts
+    them: each prompt once, whatever `n`; all prompts of a batch together) and
+    `x-kv-gateway-blocks` (the KV blocks reserved for all its sequences: `n` × prompts)."""
 
     def __init__(
         self,
@@ -58,8 +66,10 @@ class CompletionsEndpoint:
         auth: Authenticator,
         limits: BodyLimits,
         names: EngineNames = NO_NAMES,
+        path: str | None = None,
     ) -> None:
         self.kind = kind
+        self.path = path
         self.exchanges = exchanges
         self.auth = auth
         self.limits = limits
@@ -90,17 +100,22 @@ class CompletionsEndpoint:
     async def _serve(
         self, body: bytes, request_id: str, authorization: str | None, send: Send
     ) -> None:
-        exchange = self.exchanges.start(self.kind, request_id)
+        exchange = self.exchanges.start(self.kind, request_id, self.path)
         started = False
         try:
             tenant = self.auth.tenant(authorization)
+            exchange.identify(tenant)
             inbound = parse_body(body, self.kind, max_depth=self.limits.max_json_depth)
             answer = await exchange.open(tenant, inbound, body)
             headers = [
                 *answer.headers,
                 (b"x-request-id", request_id.encode()),
+                (b"x-kv-gateway-prompt-tokens", b"%d" % answer.prompt_tokens),
+                (b"x-kv-gateway-blocks", b"%d" % answer.blocks),
                 *rate_limit_headers(answer.rates),
             ]
+            if answer.credit:
+                headers.append((b"x-kv-gateway-prefix-credit", b"%d" % answer.credit))
             if answer.engine in self.names.shown:
                 headers.append((b"x-kv-gateway-engine", answer.engine.encode()))
             await send({"type": "http.response.start", "status": answer.status, "headers": headers})

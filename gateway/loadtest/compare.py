@@ -55,6 +55,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rates", help="comma-separated: 0.5x,1x,2x (× capacity) or req/s")
     parser.add_argument("--order", choices=("interleaved", "sequential"))
     parser.add_argument("--capacity-requests", type=int, help="requests of the capacity run")
+    parser.add_argument(
+        "--only", help="run only these targets of the spec, in this order (comma-separated)"
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,6 +115,8 @@ def read_spec(args: argparse.Namespace) -> Spec:
         raise ValueError("compare needs targets: --spec FILE and/or --target URL")
     if len({t.name for t in targets}) != len(targets):
         raise ValueError("compare: target names must be unique")
+    if getattr(args, "only", None):
+        targets = _only(targets, args.only)
     engines = data.get("engines")
     if any(t.direct or t.gateway is not None for t in targets) and not engines:
         raise ValueError("compare spec: direct and gateway targets need 'engines:'")
@@ -129,6 +134,21 @@ def read_spec(args: argparse.Namespace) -> Spec:
     for rate in spec.rates:
         _rate_value(rate, 1.0)
     return spec
+
+
+def _only(targets: list[TargetSpec], names: str) -> list[TargetSpec]:
+    """The targets named in `names` (comma-separated), in that order (a repeat of a
+    comparison can run them in another order)."""
+    wanted = [n.strip() for n in names.split(",") if n.strip()]
+    known = {t.name for t in targets}
+    unknown = [n for n in wanted if n not in known]
+    if unknown or not wanted:
+        raise ValueError(
+            f"--only: unknown target(s) {', '.join(unknown) or '(none given)'}; "
+            f"the spec has {', '.join(sorted(known))}"
+        )
+    by_name = {t.name: t for t in targets}
+    return [by_name[n] for n in dict.fromkeys(wanted)]
 
 
 def _rate_value(text: str, capacity: float | None) -> float:

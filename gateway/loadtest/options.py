@@ -49,6 +49,7 @@ TENANT_KEYS = {
     "prefix_groups",
     "prefix_tokens",
     "turns",
+    "turn_input_len",
     "think_time_s",
 }
 
@@ -73,6 +74,9 @@ def add_workload_arguments(parser: argparse.ArgumentParser) -> None:
     shape.add_argument("--prefix-groups", type=int, default=0, help="G shared system prompts")
     shape.add_argument("--prefix-tokens", type=int, default=0, help="... of P tokens each")
     shape.add_argument("--turns", type=int, default=1, help="turns per multi-turn session")
+    shape.add_argument(
+        "--turn-input-len", help="tokens each later turn adds (default: --input-len's)"
+    )
     shape.add_argument("--think-time", type=float, default=0.0, help="seconds between turns")
 
     load = parser.add_argument_group("load (one of)")
@@ -142,6 +146,7 @@ def shape_of(args: argparse.Namespace) -> Shape:
         prefix_tokens=args.prefix_tokens,
         turns=args.turns,
         think_time_s=args.think_time,
+        turn_input_len=parse_lengths(args.turn_input_len) if args.turn_input_len else None,
     )
 
 
@@ -262,6 +267,9 @@ def _tenant(
         prefix_tokens=int(item.get("prefix_tokens", base.prefix_tokens)),
         turns=int(item.get("turns", base.turns)),
         think_time_s=float(item.get("think_time_s", base.think_time_s)),
+        turn_input_len=parse_lengths(str(item["turn_input_len"]))
+        if "turn_input_len" in item
+        else base.turn_input_len,
     )
     burst = float(item.get("burstiness", 1.0))
     own: tuple[Arrivals | None, int | None]

@@ -85,6 +85,11 @@ def summary_lines(report: dict[str, Any]) -> tuple[list[str], list[list[str]], l
             f"engines: peak KV usage {pct(m['peak_kv_usage'])}, peak running "
             f"{m['peak_running']}, peak waiting {m['peak_waiting']}, preemptions "
             f"{m['preemptions']}"
+            + (
+                f", prefix cache hit rate {pct(m['prefix_cache_hit_rate'])}"
+                if "prefix_cache_hit_rate" in m
+                else ""
+            )
         )
     if "gateway_peak_queue" in m:
         tail.append(
@@ -161,6 +166,7 @@ def comparison_rows(runs: Sequence[dict[str, Any]]) -> tuple[list[str], list[lis
         "E2E p95",
         "peak KV",
         "preempt",
+        "prefix hit",
     ]
     rows = []
     for run in runs:
@@ -183,6 +189,7 @@ def comparison_rows(runs: Sequence[dict[str, Any]]) -> tuple[list[str], list[lis
                 _lat(lat, "e2e", "p95"),
                 pct(m.get("peak_kv_usage")),
                 str(m.get("preemptions", "-")),
+                pct(m.get("prefix_cache_hit_rate")),
             ]
         )
     return headers, rows

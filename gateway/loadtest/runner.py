@@ -37,7 +37,7 @@ from gateway.loadtest.records import (
     Attempt,
     RequestRecord,
 )
-from gateway.loadtest.workload import RequestSpec, TenantLoad, draw
+from gateway.loadtest.workload import RequestSpec, TenantLoad, draw, next_turn_input
 
 LAG_WARN_S = 0.050  # p95 lag beyond this: the schedule was not kept
 CPU_WARN_SHARE = 0.90  # a window at 90 % of one core: the client is the bottleneck
@@ -273,7 +273,7 @@ class Runner:
                 # The next turn adds a user message of a freshly drawn length.
                 shape = tenant.shape
                 spec = RequestSpec(
-                    tenant.name, shape.input_len.sample(rng), shape.output_len.sample(rng)
+                    tenant.name, next_turn_input(shape, rng), shape.output_len.sample(rng)
                 )
             if turn == 1 and first is not None:
                 built = first

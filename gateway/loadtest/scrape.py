@@ -2,7 +2,9 @@
 
 Engines: running, waiting, KV usage (fraction), preemptions (counter), parsed with the
 gateway's own reader of vLLM pages (`gateway.engines.metrics`, both metric names of KV usage,
-data-parallel ranks summed). The gateway: queue length, reserved blocks, and its answers by
+data-parallel ranks summed), and the prefix cache's queried and hit tokens
+(`vllm:prefix_cache_queries_total`, `vllm:prefix_cache_hits_total`, summed over labels; absent
+on an engine without prefix caching). The gateway: queue length, reserved blocks, and its answers by
 outcome. A scrape that fails is skipped (the series has a gap), never fatal.
 """
 
@@ -17,6 +19,28 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.engines.metrics import MetricsParseError, parse_page
+
+PREFIX_QUERIES = "prefix_queries"
+PREFIX_HITS = "prefix_hits"
+_PREFIX_SAMPLES = {
+    "vllm:prefix_cache_queries_total": PREFIX_QUERIES,
+    "vllm:prefix_cache_hits_total": PREFIX_HITS,
+}
+
+
+def prefix_cache_counters(text: str) -> dict[str, float]:
+    """The prefix cache's queried and hit tokens on an engine's page, summed over models and
+    ranks; empty when the page has neither (prefix caching off, an older vLLM)."""
+    out: dict[str, float] = {}
+    with contextlib.suppress(ValueError):
+        for family in text_string_to_metric_families(text):
+            for s in family.samples:
+                key = _PREFIX_SAMPLES.get(s.name)
+                if key is not None:
+                    out[key] = out.get(key, 0.0) + s.value
+    if not out:
+        return {}
+    return {PREFIX_QUERIES: out.get(PREFIX_QUERIES, 0.0), PREFIX_HITS: out.get(PREFIX_HITS, 0.0)}
 
 
 class Scraper:
@@ -80,15 +104,15 @@ class Scraper:
         if not models:
             return
         # A partial page (a gauge missing) counts the missing figure as 0.
-        self.engine_series[url].append(
-            {
-                "t": round(at, 3),
-                "running": sum(m.num_requests_running or 0 for m in models),
-                "waiting": sum(m.num_requests_waiting or 0 for m in models),
-                "kv_usage": max(m.kv_cache_usage or 0.0 for m in models),
-                "preemptions": sum(m.num_preemptions_total or 0 for m in models),
-            }
-        )
+        sample = {
+            "t": round(at, 3),
+            "running": sum(m.num_requests_running or 0 for m in models),
+            "waiting": sum(m.num_requests_waiting or 0 for m in models),
+            "kv_usage": max(m.kv_cache_usage or 0.0 for m in models),
+            "preemptions": sum(m.num_preemptions_total or 0 for m in models),
+        }
+        sample.update(prefix_cache_counters(text))
+        self.engine_series[url].append(sample)
 
     async def _gateway(self, http: httpx.AsyncClient, url: str) -> None:
         at = time.perf_counter() - self._t0
@@ -110,6 +134,25 @@ class Scraper:
         sample["requests"] = outcomes
         self.gateway_series.append(sample)
 
+    def _prefix_cache(self) -> dict[str, Any]:
+        """Prefix-cache tokens queried and hit during the run, over every engine that
+        exports them, and their ratio (None: no engine counted a query)."""
+        queries = hits = 0.0
+        found = False
+        for series in self.engine_series.values():
+            counted = [s for s in series if PREFIX_QUERIES in s]
+            if counted:
+                found = True
+                queries += counted[-1][PREFIX_QUERIES] - counted[0][PREFIX_QUERIES]
+                hits += counted[-1][PREFIX_HITS] - counted[0][PREFIX_HITS]
+        if not found:
+            return {}
+        return {
+            "prefix_cache_queries": int(queries),
+            "prefix_cache_hits": int(hits),
+            "prefix_cache_hit_rate": round(hits / queries, 4) if queries > 0 else None,
+        }
+
     def series(self) -> dict[str, Any]:
         return {"engines": self.engine_series, "gateway": self.gateway_series}
 
@@ -129,6 +172,7 @@ class Scraper:
                     if series
                 )
             )
+            out.update(self._prefix_cache())
         if self.num_gpu_blocks:
             out["num_gpu_blocks"] = dict(self.num_gpu_blocks)
         if self.gateway_series:

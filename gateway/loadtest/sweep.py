@@ -378,6 +378,7 @@ def _row_figures(result: dict[str, Any]) -> dict[str, Any]:
         "ttft_mean_ms": lat["ttft"]["mean"] if lat["ttft"] else None,
         "ttft_p50_ms": lat["ttft"]["p50"] if lat["ttft"] else None,
         "ttft_p95_ms": lat["ttft"]["p95"] if lat["ttft"] else None,
+        "e2e_p50_ms": lat["e2e"]["p50"] if lat["e2e"] else None,
         "e2e_p95_ms": lat["e2e"]["p95"] if lat["e2e"] else None,
         "success_rate": s["success_rate"],
         "peak_kv_usage": m.get("peak_kv_usage"),

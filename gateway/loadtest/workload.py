@@ -33,6 +33,9 @@ class Shape:
     prefix_tokens: int = 0
     turns: int = 1
     think_time_s: float = 0.0
+    # What each later turn of a session adds (None: drawn from `input_len` too), so that a
+    # first turn can carry a long system prompt while later turns stay chat-sized.
+    turn_input_len: Lengths | None = None
 
     def validate(self) -> None:
         if self.api not in APIS:
@@ -47,6 +50,8 @@ class Shape:
             raise ValueError("--turns must be at least 1")
         if self.turns > 1 and self.token_ids:
             raise ValueError("multi-turn sessions re-send text: drop --token-ids")
+        if self.turn_input_len is not None and self.turns == 1:
+            raise ValueError("--turn-input-len is what later turns add: give --turns too")
         if self.think_time_s < 0:
             raise ValueError("--think-time must not be negative")
 
@@ -84,7 +89,8 @@ class TenantLoad:
         if s.prefix_groups:
             parts.append(f"{s.prefix_groups} prefix groups of {s.prefix_tokens}")
         if s.turns > 1:
-            parts.append(f"{s.turns}-turn sessions")
+            added = f", each later turn +{s.turn_input_len}" if s.turn_input_len else ""
+            parts.append(f"{s.turns}-turn sessions{added}")
         return ", ".join(parts)
 
 
@@ -99,6 +105,11 @@ class RequestSpec:
     hash_ids: tuple[int, ...] = ()
     block_tokens: int = MOONCAKE_BLOCK_TOKENS
     turns: int = 1
+
+
+def next_turn_input(shape: Shape, rng: random.Random) -> int:
+    """The tokens a session's next turn adds to the conversation."""
+    return (shape.turn_input_len or shape.input_len).sample(rng)
 
 
 def draw(tenant: TenantLoad, rng: random.Random, max_len: int | None = None) -> RequestSpec:

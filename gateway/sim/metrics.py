@@ -145,6 +145,12 @@ class _EngineCollector(Collector):
         self._created = created
 
     def collect(self) -> Iterator[Metric]:
+        # As prometheus_client's process collector on vLLM's page: a restart changes it.
+        yield GaugeMetricFamily(
+            "process_start_time_seconds",
+            "Start time of the process since unix epoch in seconds.",
+            value=self._created,
+        )
         snap = self._snapshot()
         yield self._gauge(
             "vllm:num_requests_running",

@@ -11,8 +11,14 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from gateway.sim.front_door import RefusalReason
-from gateway.tokens.errors import TokenCountError
+from gateway.tokens.chat import ChatInput, chat_input, check_content_parts
+from gateway.tokens.errors import InvalidChatRequest, TokenCountError
 from gateway.tokens.hf import HfTokenizer
+
+UNTRUSTED_TEMPLATE = (
+    "Chat template is passed with request, but --trust-request-chat-template is not set. "
+    "Refused request with untrusted chat template."
+)
 
 # vLLM's CompletionRequest default; chat requests default to "up to max_model_len".
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16
@@ -63,10 +69,11 @@ def queue_refusal(reason: RefusalReason) -> ApiError:
 
 @dataclass(frozen=True)
 class ChatPrompt:
-    """Chat messages, validated in shape, not yet rendered with the chat template."""
+    """Chat messages and template options, validated in shape, not yet rendered."""
 
     messages: tuple[Mapping[str, Any], ...]
     add_generation_prompt: bool
+    chat: ChatInput | None = None
 
 
 @dataclass(frozen=True)
@@ -253,7 +260,8 @@ def output_budget(request: GenerationRequest, num_prompt_tokens: int, max_model_
 def parse_tokenize(
     body: Mapping[str, Any], *, served_model_name: str, tokenizer: HfTokenizer
 ) -> list[int]:
-    """Token ids of a ``/tokenize`` body: ``{"prompt": ...}`` or ``{"messages": [...]}``."""
+    """Token ids of a ``/tokenize`` body: ``{"prompt": ...}`` or ``{"messages": [...]}`` with
+    vLLM's chat fields (``tools``, ``chat_template_kwargs``, ``continue_final_message``...)."""
     if body.get("model") is not None:
         check_model(body, served_model_name)
     if "messages" in body:
@@ -272,25 +280,62 @@ def _chat_messages(body: Mapping[str, Any]) -> ChatPrompt:
     for i, message in enumerate(messages):
         if not isinstance(message, dict) or not isinstance(message.get("role"), str):
             raise bad_request(f"messages[{i}] must be an object with a 'role'.", "messages")
-    add_generation_prompt = _optional_bool(body, "add_generation_prompt")
-    return ChatPrompt(
-        tuple(messages), True if add_generation_prompt is None else add_generation_prompt
-    )
+    try:
+        check_content_parts(messages)
+        chat = chat_input(body, messages)
+    except InvalidChatRequest as exc:
+        raise bad_request(str(exc), exc.param) from exc
+    if chat.media_parts:  # a text-only model, as vLLM answers for one
+        raise bad_request("This model does not support multimodal inputs.", "messages")
+    if chat.chat_template is not None:  # `--trust-request-chat-template` is not set
+        raise bad_request(UNTRUSTED_TEMPLATE)
+    return ChatPrompt(tuple(messages), chat.add_generation_prompt, chat)
 
 
 def _render_chat(prompt: ChatPrompt, tokenizer: HfTokenizer) -> str:
+    chat = prompt.chat or ChatInput(
+        prompt.messages, add_generation_prompt=prompt.add_generation_prompt
+    )
     try:
-        return tokenizer.apply_chat_template(
-            prompt.messages, add_generation_prompt=prompt.add_generation_prompt
-        )
+        return tokenizer.render_chat(chat)
     except (TokenCountError, ValueError) as exc:
         raise bad_request(str(exc), "messages") from exc
 
 
 def _chat_prompt(body: Mapping[str, Any], tokenizer: HfTokenizer) -> tuple[int, ...]:
-    # vLLM encodes a rendered chat prompt without adding special tokens again.
-    text = _render_chat(_chat_messages(body), tokenizer)
-    return tuple(tokenizer.encode(text, add_special_tokens=False))
+    # vLLM encodes a rendered chat prompt without adding special tokens again (unless asked).
+    prompt = _chat_messages(body)
+    text = _render_chat(prompt, tokenizer)
+    add_special = prompt.chat is not None and prompt.chat.add_special_tokens
+    return tuple(tokenizer.encode(text, add_special_tokens=add_special))
+
+
+def parse_embeddings(
+    body: Mapping[str, Any], *, served_model_name: str, tokenizer: HfTokenizer
+) -> tuple[str, list[list[int]]]:
+    """The model and each input's token ids of a ``/v1/embeddings`` body (``input``: a string,
+    strings, token ids or lists of them; or ``messages``, rendered without a generation
+    prompt)."""
+    model = check_model(body, served_model_name)
+    if "messages" in body:
+        return model, [list(_chat_prompt({"add_generation_prompt": False, **body}, tokenizer))]
+    prompts = _completion_prompts(body.get("input")).items
+    ids = [tokenizer.encode(p) if isinstance(p, str) else list(p) for p in prompts]
+    if any(not i for i in ids):
+        raise bad_request("The input cannot be empty.", "input")
+    return model, ids
+
+
+def parse_detokenize(
+    body: Mapping[str, Any], *, served_model_name: str, tokenizer: HfTokenizer
+) -> str:
+    if body.get("model") is not None:
+        check_model(body, served_model_name)
+    tokens = body.get("tokens")
+    if not isinstance(tokens, list) or not all(_is_int(t) and t >= 0 for t in tokens):
+        raise bad_request("'tokens' must be a list of token ids.", "tokens")
+    _check_vocabulary(tokens, tokenizer)
+    return tokenizer.decode(tokens)
 
 
 def _completion_prompts(prompt: object) -> CompletionPrompts:

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import base64
+import math
+import struct
+import uuid
 from collections.abc import Sequence
 from typing import Any, Literal
 
@@ -146,4 +150,33 @@ def model_card(model: str, created: int, max_model_len: int) -> dict[str, Any]:
                 "is_blocking": False,
             }
         ],
+    }
+
+
+def embeddings(
+    model: str,
+    created: int,
+    prompts: Sequence[Sequence[int]],
+    size: int,
+    encoding_format: object = None,
+) -> dict[str, Any]:
+    """vLLM's embeddings answer: one deterministic unit vector per prompt (a function of its
+    token ids), ``usage`` with the prompts' tokens; base64 when asked (float32, little end)."""
+    data = []
+    for index, ids in enumerate(prompts):
+        raw = [math.sin((i + 1) * (sum(ids) % 997 + 1)) for i in range(size)]
+        norm = math.sqrt(sum(x * x for x in raw)) or 1.0
+        vector = [x / norm for x in raw]
+        embedding: Any = vector
+        if encoding_format == "base64":
+            embedding = base64.b64encode(struct.pack(f"<{size}f", *vector)).decode()
+        data.append({"index": index, "object": "embedding", "embedding": embedding})
+    tokens = sum(len(ids) for ids in prompts)
+    return {
+        "id": f"embd-{uuid.uuid4().hex}",
+        "object": "list",
+        "created": created,
+        "model": model,
+        "data": data,
+        "usage": {"prompt_tokens": tokens, "total_tokens": tokens, "completion_tokens": 0},
     }

@@ -19,6 +19,7 @@ from typing import Any, Literal
 
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
@@ -36,6 +37,8 @@ from gateway.sim.protocol import (
     bad_request,
     model_not_found,
     output_budget,
+    parse_detokenize,
+    parse_embeddings,
     parse_generation,
     parse_json,
     parse_tokenize,
@@ -146,13 +149,24 @@ def create_app(cfg: SimConfig) -> Starlette:
         Route("/v1/models/{model_id:path}", _with_state(state, _model), methods=["GET"]),
         Route("/health", _with_state(state, _health), methods=["GET"]),
         Route("/tokenize", _with_state(state, _tokenize), methods=["POST"]),
+        Route("/detokenize", _with_state(state, _detokenize), methods=["POST"]),
+        # vLLM serves it for pooling models (`--runner pooling`); the simulator for any.
+        Route("/v1/embeddings", _with_state(state, _embeddings), methods=["POST"]),
         Route("/version", _with_state(state, _version), methods=["GET"]),
         Route("/metrics", _with_state(state, _metrics), methods=["GET"]),
         Route("/sim/state", _with_state(state, _sim_state), methods=["GET"]),
     ]
-    app = Starlette(routes=routes, lifespan=lifespan)
+    app = Starlette(
+        routes=routes, lifespan=lifespan, exception_handlers={HTTPException: _fastapi_error}
+    )
     app.state.sim = state
     return app
+
+
+async def _fastapi_error(request: Request, exc: Exception) -> Response:
+    """Unknown routes and methods as vLLM's FastAPI answers them: `{"detail": ...}`."""
+    assert isinstance(exc, HTTPException)
+    return JSONResponse({"detail": exc.detail}, status_code=exc.status_code, headers=exc.headers)
 
 
 Handler = Callable[[SimState, Request], Awaitable[Response]]
@@ -209,6 +223,42 @@ async def _tokenize(state: SimState, request: Request) -> Response:
             "tokens": tokens,
             "token_strs": None,
         }
+    )
+
+
+async def _detokenize(state: SimState, request: Request) -> Response:
+    try:
+        body = parse_json(await request.body())
+        text = parse_detokenize(
+            body, served_model_name=state.cfg.served_model_name, tokenizer=state.tokenizer
+        )
+    except ApiError as err:
+        return JSONResponse(err.body(), status_code=err.status)
+    return JSONResponse({"prompt": text})
+
+
+async def _embeddings(state: SimState, request: Request) -> Response:
+    """``/v1/embeddings``: a deterministic unit vector per input (from its token ids), with
+    vLLM's usage. Answered at once: the simulator's engine models generation only."""
+    try:
+        body = parse_json(await request.body())
+        model, prompts = parse_embeddings(
+            body, served_model_name=state.cfg.served_model_name, tokenizer=state.tokenizer
+        )
+        for ids in prompts:
+            if len(ids) > state.cfg.max_model_len:
+                raise bad_request(
+                    f"This model's maximum context length is {state.cfg.max_model_len} "
+                    f"tokens. However, you requested {len(ids)} tokens in the input for "
+                    "embedding generation. Please reduce the length of the input.",
+                    "input",
+                )
+    except ApiError as err:
+        return JSONResponse(err.body(), status_code=err.status)
+    dimensions = body.get("dimensions")
+    size = dimensions if isinstance(dimensions, int) and 0 < dimensions <= 64 else 8
+    return JSONResponse(
+        responses.embeddings(model, state.created, prompts, size, body.get("encoding_format"))
     )
 
 

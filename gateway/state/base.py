@@ -14,6 +14,10 @@ Contract:
 - A refused ask charges nothing. Rate limits are charged when a lease is granted; tokens are
   charged up front (`ask.tokens`) and the difference refunded at `release(used_tokens=...)`.
 - `release` is idempotent. Leases not renewed expire (a dead replica's capacity returns).
+- Prefix credit: a candidate's footprint with a `prefix` costs, on its engine, only what live
+  leases there do not hold of that prefix already (`Footprint.credited`, from the first
+  block); the engine's reserved blocks count each held prefix block once, until the last
+  lease holding it ends (`gateway.core.prefix.PrefixHolds`; the Lua scripts likewise).
 - `extend` grows a live lease unconditionally (the blocks are in use already); a released
   or expired lease is not revived.
 """
@@ -45,6 +49,20 @@ class Lease:
     tokens: int = 0
     rates: RateLimitValues | None = field(default=None, compare=False)
     prompt_blocks: int = 0  # of `blocks`: its prompts' (`Footprint.prompt_blocks`)
+    prefix: tuple[bytes, ...] = ()  # the prefix blocks it holds on `engine` (`Footprint.prefix`)
+    credit: int = 0  # of them, held by other leases when it was admitted (not in `blocks`)
+
+    @property
+    def private_blocks(self) -> int:
+        """Its blocks no other lease shares: `blocks` less the prefix blocks it was first to
+        hold (those count once per engine, for as long as some lease holds them:
+        `gateway.core.prefix.PrefixHolds`)."""
+        return max(0, self.blocks + self.credit - len(self.prefix))
+
+    @property
+    def private_prompt_blocks(self) -> int:
+        """Its prompt blocks no other lease shares (as `private_blocks`)."""
+        return max(0, self.prompt_blocks + self.credit - len(self.prefix))
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,7 +166,9 @@ class StateStore(Protocol):
 
     async def wait_for_change(self, within_s: float) -> None:
         """Return when capacity may have changed anywhere (a release or an admission, on any
-        replica), or after `within_s` seconds."""
+        replica) while someone waits in the line, or after `within_s` seconds. (Notices
+        are for waiters, and every waiter has an entry: with the line empty a store may
+        send none.)"""
         ...
 
     @property

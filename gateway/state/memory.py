@@ -19,9 +19,11 @@ from dataclasses import dataclass, replace
 from gateway.core import headroom as room
 from gateway.core import tenants
 from gateway.core.fairqueue import BURST_BLOCKS, FairQueue, Waiting
+from gateway.core.prefix import PrefixHolds
 from gateway.core.routing import Candidate, Chooser, Router
 from gateway.core.tenants import TenantUsage
 from gateway.core.types import EngineLoad, TenantPolicy
+from gateway.state.active import ActiveTenants, Unused
 from gateway.state.base import (
     AdmissionAsk,
     Lease,
@@ -31,6 +33,8 @@ from gateway.state.base import (
     Refusal,
 )
 from gateway.state.totals import StoreTotals
+
+_NO_LOAD = EngineLoad()
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,36 +52,45 @@ class _Headroom:
     held: int
     others: float
     pool: int
-    weights: dict[str, float]  # the active tenants
     now: float
+    unused: Unused  # what the other active tenants lack of their shares of the pool
+    need: int  # the ask's largest footprint among its candidates
+    mine: float  # the ask's tenant's recent usage
+    pool_free: int = 0  # free blocks of all candidates now
 
     def allows(self, c: Candidate) -> bool:
         capacity = c.view.spec.capacity_blocks(self.ask.kv_ceiling)
         return room.allows(
             held=self.held,
             need=c.need.blocks,
-            average=self.store.average(self.ask.tenant.name, self.now),
+            average=self.mine,
             weight=self.ask.tenant.weight,
             others=self.others,
             pool_capacity=self.pool,
             free_after=c.view.free_blocks(self.ask.kv_ceiling) - c.need.blocks,
             engine_capacity=capacity,
             headroom=self.store.headroom,
+            pool_free_after=self.pool_free - c.need.blocks,
+            others_unused=self.unused.against(self.pool_free - c.need.blocks),
         )
 
     def passable(self, e: Waiting) -> bool:
         """A queued entry this ask may pass: the ask stays within its share, and the entry
         would take its (other) tenant above its own."""
         weight, total = self.ask.tenant.weight, self.ask.tenant.weight + self.others
-        need = max((c.need.blocks for c in self.ask.candidates), default=0)
-        mine = self.store.average(self.ask.tenant.name, self.now)
         if room.over_share(
-            held=self.held, need=need, average=mine, weight=weight, total=total, capacity=self.pool
+            held=self.held,
+            need=self.need,
+            average=self.mine,
+            weight=weight,
+            total=total,
+            capacity=self.pool,
         ):
             return False
-        other = self.weights.get(e.tenant)
-        if e.tenant == self.ask.tenant.name or other is None:
+        seen = self.store.activity(e.tenant)
+        if e.tenant == self.ask.tenant.name or seen is None:
             return False
+        other = seen.weight
         return room.over_share(
             held=self.store.tenant_blocks(e.tenant),
             need=e.blocks,
@@ -103,13 +116,14 @@ class InMemoryStore:
         self._router = router
         self.headroom = headroom
         self._active_window_s = active_window_s
-        self._activity: dict[str, room.Activity] = {}  # tenants seen lately (headroom.py)
+        self._activity = ActiveTenants(active_window_s)  # tenants seen lately (headroom.py)
         self._chooser: Chooser = chooser or random.Random()
         self._clock = clock
         self._held: dict[str, _Held] = {}
         self._loads: dict[str, EngineLoad] = {}
         self._tenants: dict[str, TenantUsage] = {}
         self._line = FairQueue(burst_blocks)
+        self._holds = PrefixHolds()  # prefix blocks the leases hold, per engine
         self._changed = asyncio.Event()
 
     async def try_admit(self, ask: AdmissionAsk) -> Lease | Refusal:
@@ -128,10 +142,9 @@ class InMemoryStore:
         )
         if refused is not None:
             return Refusal(refused.code, refused.retry_after_s)
+        credited = [self._credited(c) for c in ask.candidates]
         within_share = [
-            c
-            for c in ask.candidates
-            if tenants.share_allows(usage, c.need.blocks, ask.tenant_max_blocks)
+            c for c in credited if tenants.share_allows(usage, c.need.blocks, ask.tenant_max_blocks)
         ]
         if ask.candidates and not within_share:
             return Refusal("tenant_kv_share")
@@ -146,12 +159,13 @@ class InMemoryStore:
             return Refusal("queued_ahead")
         views = [
             Candidate(
-                view=replace(c.view, load=self._loads.get(c.view.spec.name, EngineLoad())),
-                need=c.need,
+                view=c.view.with_load(self._loads.get(c.view.spec.name, _NO_LOAD)), need=c.need
             )
             for c in within_share
         ]
         if rule is not None:
+            free = sum(max(0, c.view.free_blocks(ask.kv_ceiling)) for c in views)
+            rule = replace(rule, pool_free=free)
             views = [c for c in views if rule.allows(c)]
         chosen = self._router.pick(views, ask.kv_ceiling, self._chooser)
         if chosen is None:
@@ -176,22 +190,28 @@ class InMemoryStore:
             if limited
             else None,
             prompt_blocks=chosen.need.prompt_blocks,
+            prefix=chosen.need.prefix,
+            credit=chosen.need.credit,
         )
         self._held[lease.id] = _Held(lease, policy)
+        seen = self._activity.get(policy.name)
         if self.headroom > 0:
-            self._activity[policy.name] = room.observe(
-                self._activity.get(policy.name),
-                weight=policy.weight,
-                held=usage.blocks,
-                now=now,
-                window=self._active_window_s,
+            seen = room.observe(
+                seen, weight=policy.weight, held=usage.blocks, now=now, window=self._active_window_s
             )
-        self._add(lease.engine, lease.blocks, lease.seqs, lease.prompt_blocks)
+        shared = self._holds.hold(lease.engine, lease.prefix)
+        self._add(
+            lease.engine,
+            lease.private_blocks + shared,
+            lease.seqs,
+            lease.private_prompt_blocks + shared,
+        )
         self._tenants[policy.name] = charged
         if self._line.serve(ask.lease_id) is not None:
             self._notify()  # the line moved: those behind may now go
         else:
             self._line.charge(policy.name, policy.priority, policy.weight, lease.blocks)
+        self._changed_tenant(policy.name, seen)
         return lease
 
     async def release(self, lease: Lease, used_tokens: int | None = None) -> bool:
@@ -199,7 +219,13 @@ class InMemoryStore:
         if held is None:
             return False
         got = held.lease
-        self._add(got.engine, -got.blocks, -got.seqs, -got.prompt_blocks)
+        freed = self._holds.drop(got.engine, got.prefix)
+        self._add(
+            got.engine,
+            -(got.private_blocks + freed),
+            -got.seqs,
+            -(got.private_prompt_blocks + freed),
+        )
         rpm, tpm, now = held.policy.rpm, held.policy.tpm, self._clock()
         usage = self._tenants.get(got.tenant, TenantUsage())
         self._observe_held(got.tenant, usage.blocks, now)
@@ -213,6 +239,7 @@ class InMemoryStore:
             self._tenants.pop(got.tenant, None)
         else:
             self._tenants[got.tenant] = usage
+        self._changed_tenant(got.tenant)
         self._notify()
         return True
 
@@ -231,15 +258,15 @@ class InMemoryStore:
         usage = self._tenants.get(grown.tenant, TenantUsage())
         self._observe_held(grown.tenant, usage.blocks, self._clock())
         self._tenants[grown.tenant] = replace(usage, blocks=usage.blocks + blocks)
+        self._changed_tenant(grown.tenant)
         return grown
 
     def _observe_held(self, tenant: str, held: int, now: float) -> None:
         """The headroom rule's average of what a seen tenant holds, before `held` changes."""
         seen = self._activity.get(tenant)
         if seen is not None:
-            self._activity[tenant] = room.observe(
-                seen, weight=None, held=held, now=now, window=self._active_window_s
-            )
+            seen = room.observe(seen, weight=None, held=held, now=now, window=self._active_window_s)
+            self._changed_tenant(tenant, seen)
 
     async def enqueue(self, entry: QueueEntry, max_length: int) -> QueueVerdict:
         now = self._expire()
@@ -248,8 +275,18 @@ class InMemoryStore:
         if len(self._line) >= max_length:
             return "queue_full"
         cap = entry.tenant.max_queued
-        if cap is not None and self._line.count(entry.tenant.name) >= cap:
+        queued = self._line.count(entry.tenant.name)
+        if cap is not None and queued >= cap:
             return "tenant_queue_full"
+        if self.headroom > 0 and not room.line_allows(
+            queued=queued,
+            length=len(self._line),
+            max_length=max_length,
+            weight=entry.tenant.weight,
+            others=self._others_weight(entry.tenant.name, now),
+            headroom=self.headroom,
+        ):
+            return "queue_full"
         self._line.push(
             entry.id,
             tenant=entry.tenant.name,
@@ -259,19 +296,23 @@ class InMemoryStore:
             blocks=entry.blocks,
             expires_at=now + entry.max_wait_s,
         )
+        name = entry.tenant.name
+        seen = self._activity.get(name)
         if self.headroom > 0:
-            name = entry.tenant.name
-            self._activity[name] = room.observe(
-                self._activity.get(name),
+            seen = room.observe(
+                seen,
                 weight=entry.tenant.weight,
                 held=self.tenant_blocks(name),
                 now=now,
                 window=self._active_window_s,
             )
+        self._changed_tenant(name, seen)
         return "queued"
 
     async def dequeue(self, entry_id: str) -> None:
-        if self._line.leave(entry_id) is not None:
+        gone = self._line.leave(entry_id)
+        if gone is not None:
+            self._changed_tenant(gone.tenant)
             self._notify()
 
     async def queue_length(self) -> int:
@@ -321,26 +362,47 @@ class InMemoryStore:
             tenant_blocks={t: u.blocks for t, u in self._tenants.items() if u.blocks},
         )
 
+    def _credited(self, c: Candidate) -> Candidate:
+        """The candidate with the leading prefix blocks live leases hold on its engine taken
+        off its footprint (they cost nothing more there)."""
+        if not c.need.prefix:
+            return c
+        held = self._holds.leading(c.view.spec.name, c.need.prefix)
+        return replace(c, need=c.need.credited(held))
+
     def _headroom_rule(self, ask: AdmissionAsk, held: int, now: float) -> _Headroom | None:
         """The headroom rule for this ask; None when it cannot limit anything (off, or
         nobody else active)."""
         if self.headroom <= 0:
             return None
-        active: dict[str, float] = {}
-        for name, seen in list(self._activity.items()):
-            usage = self._tenants.get(name, TenantUsage())
-            queued = self._line.count(name)
-            if room.is_active(
-                seen, held=usage.blocks, queued=queued, now=now, window=self._active_window_s
-            ):
-                active[name] = seen.weight
-            else:
-                del self._activity[name]  # forgotten: the map stays small
-        others = room.others_weight(active.items(), ask.tenant.name)
+        others = self._others_weight(ask.tenant.name, now)
         if others <= 0:
             return None
         pool = sum(c.view.spec.capacity_blocks(ask.kv_ceiling) for c in ask.candidates)
-        return _Headroom(self, ask, held, others, pool, active, now)
+        total = ask.tenant.weight + others
+        unused = self._activity.unused(ask.tenant.name, pool=pool, total=total)
+        need = max((c.need.blocks for c in ask.candidates), default=0)
+        mine = self.average(ask.tenant.name, now)
+        return _Headroom(self, ask, held, others, pool, now, unused, need, mine)
+
+    def _others_weight(self, tenant: str, now: float) -> float:
+        """The other active tenants' weights (gateway/core/headroom.py); forgets the
+        inactive tenants."""
+        self._activity.prune(now)
+        return self._activity.others_weight(tenant)
+
+    def _changed_tenant(self, tenant: str, seen: room.Activity | None = None) -> None:
+        """Keep the active tenants' aggregates: `tenant`'s blocks or entries changed, and
+        `seen` is its new record (if any)."""
+        held, queued = self.tenant_blocks(tenant), self._line.count(tenant)
+        if seen is not None:
+            self._activity.set(tenant, seen, held=held, queued=queued)
+        else:
+            self._activity.update(tenant, held=held, queued=queued)
+
+    def activity(self, tenant: str) -> room.Activity | None:
+        """The headroom rule's record of `tenant` (None: not active)."""
+        return self._activity.get(tenant)
 
     def tenant_blocks(self, tenant: str) -> int:
         return self._tenants.get(tenant, TenantUsage()).blocks
@@ -358,7 +420,10 @@ class InMemoryStore:
         """Drop queue entries whose time is up (a waiter that crashed never blocks the line
         for longer than its `max_wait_s`); returns the time used."""
         now = self._clock()
-        if self._line.expire(now):
+        gone = self._line.expire(now)
+        for tenant in {e.tenant for e in gone}:
+            self._changed_tenant(tenant)
+        if gone:
             self._notify()
         return now
 

@@ -1,18 +1,28 @@
 """Shared state in Redis: several gateway replicas, one set of leases, limits and one line.
 
-Every decision is one Lua script (`gateway/state/lua/`, loaded with SCRIPT LOAD and run
-with EVALSHA through redis-py's `register_script`), so it is atomic across replicas and
-takes one round trip. Scripts read the time from Redis `TIME`, never from a replica's clock.
+Every decision is one Lua script (`gateway/state/lua/`, run with EVALSHA by
+`gateway.state.scripts`, packed by hiredis), so it is atomic across replicas and takes one
+round trip. Scripts read the time from Redis `TIME`, never from a replica's clock.
 All keys share the hash tag `{<key_prefix>}` (one Cluster slot) and every write gives every
 key a TTL; see docs/state.md for the layout.
 
 Leases expire `lease_ttl_s` after their last renewal; the store renews the leases it holds
 every `lease_ttl_s / 3` in a background task, and every script first reaps what expired,
-so a replica killed without releasing gives its capacity back within `lease_ttl_s`.
+so a replica killed without releasing gives its capacity back within `lease_ttl_s`. Its
+waiters' queue entries are kept alive the same way (renewed in the same script call, never
+past their `max_wait_s`), so a dead replica's entries leave the line — and stop counting
+towards `max_length` — within `lease_ttl_s` too.
 
 A change that may let a waiter in (a release, an entry leaving the line, a reaped lease) is
 published on `{<key_prefix>}:changed` by the script itself; every store listens and wakes
 its `wait_for_change` callers.
+
+Connections are bounded: at most `max_connections` per store — one held by the change
+listener (redis-py's pub/sub), one lane of one for the background renewals, and a lane of
+the rest shared by the request path's script calls (`gateway.state.scripts.Lane`), which
+wait for their turn (back-pressure) instead of opening more. Waiting requests hold none
+while they wait (they wait for the listener's notices); running out of connections is never
+mistaken for a lost Redis.
 
 Losing Redis: the calls that decide admission raise `StateUnavailable` (503, "fail closed")
 — limits and capacity shared by replicas cannot be checked, and admitting blind could
@@ -44,7 +54,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from gateway.core import headroom as room
 from gateway.core import tenants
 from gateway.core.fairqueue import BURST_BLOCKS, check_burst, check_policy
-from gateway.core.routing import Router
+from gateway.core.routing import DEFAULT_CACHED_BLOCK_WEIGHT, Router
 from gateway.core.tenants import Bucket, TenantUsage
 from gateway.core.types import EngineLoad, TenantPolicy
 from gateway.state.base import (
@@ -57,17 +67,34 @@ from gateway.state.base import (
     RefusalCode,
 )
 from gateway.state.errors import StateUnavailable
+from gateway.state.scripts import Lane, Script
 from gateway.state.totals import StoreTotals
 
 log = logging.getLogger(__name__)
 
 
-KEY_NAMES = ("leases", "lexp", "load", "ten", "rate", "q", "qent", "qexp", "qtf", "fair", "act")
+KEY_NAMES = (
+    "leases",
+    "lexp",
+    "load",
+    "ten",
+    "rate",
+    "q",
+    "qent",
+    "qexp",
+    "qtf",
+    "fair",
+    "act",
+    "pfx",
+)
 SCRIPTS = ("admit", "release", "renew", "extend", "enqueue", "dequeue", "inspect")
 # Buckets in debt need up to two minutes to fill again; keys must outlive that idle time.
 MIN_KEY_TTL_S = 130.0
 # After a failed call, go straight to the failure path for this long before trying again.
 RETRY_REDIS_AFTER_S = 0.5
+MAX_CONNECTIONS = 32
+"""The default pool size per store (per gateway process)."""
+MIN_CONNECTIONS = 3  # the listener, the renewals, and at least one for the request path
 REDIS_ERRORS: tuple[type[BaseException], ...] = (RedisConnectionError, RedisTimeoutError, OSError)
 
 
@@ -91,6 +118,7 @@ class RedisStore:
         router_scorers: Sequence[str],
         *,
         replica_id: str,
+        cached_block_weight: float = DEFAULT_CACHED_BLOCK_WEIGHT,
         lease_ttl_s: float = 15,
         key_prefix: str = "kvgw",
         seed: int | None = None,
@@ -98,14 +126,19 @@ class RedisStore:
         burst_blocks: float = BURST_BLOCKS,
         headroom: float = room.HEADROOM,
         active_window_s: float = room.ACTIVE_WINDOW_S,
+        max_connections: int = MAX_CONNECTIONS,
     ) -> None:
         if lease_ttl_s <= 0:
             raise ValueError("lease_ttl_s must be > 0")
+        if max_connections < MIN_CONNECTIONS:
+            raise ValueError(f"max_connections must be >= {MIN_CONNECTIONS}")
         check_burst(burst_blocks)
         room.check_headroom(headroom, active_window_s)
         if any(c in key_prefix for c in "{}"):
             raise ValueError("key_prefix must not contain braces (it becomes the hash tag)")
-        self.scorers = Router(router_scorers).scorer_names  # validates the names
+        checked = Router(router_scorers, cached_block_weight=cached_block_weight)  # validates
+        self.scorers = checked.scorer_names
+        self.cached_block_weight = checked.cached_block_weight
         self.replica_id = replica_id
         self.lease_ttl_s = float(lease_ttl_s)
         self.burst_blocks = float(burst_blocks)  # the line's burst credit (fairqueue.py)
@@ -116,20 +149,31 @@ class RedisStore:
         self.keys = [f"{tag}:{name}" for name in KEY_NAMES]
         self.channel = f"{tag}:changed"
         self._rng = random.Random(seed) if seed is not None else None
-        self._redis = aioredis.from_url(
+        # The change listener's one connection (redis-py's pub/sub), from a pool of one
+        # that waits rather than raising MaxConnectionsError, as redis-py's default pool
+        # did past its size, which looked like a lost Redis.
+        pool = aioredis.BlockingConnectionPool.from_url(
             url,
+            max_connections=1,
+            timeout=None,
             socket_timeout=timeout_s,
             socket_connect_timeout=timeout_s,
             # One immediate retry on a fresh connection (a pooled one may have died with an
-            # earlier server); every script is safe to run twice.
+            # earlier server); the scripts' calls retry likewise (scripts.py).
             retry=Retry(NoBackoff(), 1),
         )
-        self._scripts = {
-            name: self._redis.register_script(_script_source(name)) for name in SCRIPTS
-        }
+        self._redis = aioredis.Redis.from_pool(pool)
+        self.max_connections = max_connections
+        # The scripts' own connections, made with the same settings: the renewals' one,
+        # never queued behind admissions, and the rest for the request path.
+        self._request_lane = Lane(pool.make_connection, max_connections - 2, self._still_up)
+        self._background_lane = Lane(pool.make_connection, 1, self._still_up)
+        shared = [repr(self.key_ttl_s), self.channel]  # ARGV 1 and 2 of every script
+        self._scripts = {name: Script(_script_source(name), self.keys, shared) for name in SCRIPTS}
         # Leases this replica renews: id -> the lease's record as Redis holds it, written
         # again by the renewal if Redis lost it (see renew.lua).
         self._held: dict[str, dict[str, Any]] = {}
+        self._queued: set[str] = set()  # this replica's waiters' entries, renewed like leases
         self._pending_release: dict[str, int | None] = {}  # to retry once Redis is back
         self._pending_dequeue: set[str] = set()
         self._down_until = 0.0  # monotonic; before it, skip Redis
@@ -150,17 +194,23 @@ class RedisStore:
         if kind == "exists" and _text(reply[4]) != self.replica_id:
             raise KeyError(f"lease {ask.lease_id} already exists")
         # "exists" from this replica: a retried call whose first run wrote the lease.
+        engine = _text(reply[1])
+        credit = int(reply[8] if kind == "lease" else reply[6])
+        prefix = next((c.need.prefix for c in ask.candidates if c.view.spec.name == engine), ())
         lease = Lease(
             id=ask.lease_id,
-            engine=_text(reply[1]),
+            engine=engine,
             blocks=int(reply[2]),
             seqs=int(reply[3]),
             tenant=ask.tenant.name,
             tokens=ask.tokens,
             rates=_rates(ask.tenant, reply) if kind == "lease" else None,
             prompt_blocks=int(reply[7] if kind == "lease" else reply[5]),
+            prefix=prefix,
+            credit=credit,
         )
         self._held[lease.id] = self._record(lease, ask.tenant)
+        self._queued.discard(lease.id)  # served: admit.lua took it off the line
         return lease
 
     async def release(self, lease: Lease, used_tokens: int | None = None) -> bool:
@@ -212,14 +262,25 @@ class RedisStore:
             repr(self.burst_blocks),
             repr(self.headroom),
             repr(self.active_window_s),
+            self.replica_id,
+            repr(self.lease_ttl_s),
             *sorted(entry.engines),
         ]
-        reply = await self._call("enqueue", args)
+        # Renewed from now on (an answer lost on its way back still left an entry to renew).
+        self._queued.add(entry.id)
+        try:
+            reply = await self._call("enqueue", args)
+        except BaseException:
+            self._queued.discard(entry.id)  # the scheduler dequeues it anyway
+            raise
         verdict: QueueVerdict = _text(reply)  # type: ignore[assignment]
+        if verdict != "queued":
+            self._queued.discard(entry.id)
         return verdict
 
     async def dequeue(self, entry_id: str) -> None:
         """Never raises for a lost Redis (retried later; the entry expires in any case)."""
+        self._queued.discard(entry_id)
         try:
             await self._call("dequeue", [entry_id])
         except StateUnavailable:
@@ -256,6 +317,8 @@ class RedisStore:
             await asyncio.wait(self._tasks, timeout=2.0)  # a swallowed cancel ends within 1 s
         self._tasks.clear()
         self._notify()
+        await self._request_lane.aclose()
+        await self._background_lane.aclose()
         await self._redis.aclose()
 
     # ---- not part of the port ------------------------------------------------------------
@@ -315,38 +378,54 @@ class RedisStore:
             repr(self.headroom),
             repr(self.active_window_s),
             str(len(ask.candidates)),
+            repr(self.cached_block_weight),
         ]
+        lists: dict[tuple[bytes, ...], int] = {}  # each prefix sent once: engines share sizes
         for c in ask.candidates:
             spec = c.view.spec
             args += [
                 spec.name,
                 str(spec.capacity_blocks(ask.kv_ceiling)),
-                str(spec.max_num_seqs),
+                str(c.view.seq_slots),
                 str(c.view.foreign_blocks),
                 str(c.view.foreign_seqs),
                 "1" if c.view.healthy else "0",
                 str(c.need.blocks),
                 str(c.need.seqs),
                 str(c.need.prompt_blocks),
+                str(lists.setdefault(c.need.prefix, len(lists) + 1) if c.need.prefix else 0),
+                str(c.need.cached),
             ]
+        args.append(str(len(lists)))
+        for prefix in lists:  # in numbering order (dicts keep insertion order)
+            args += [str(len(prefix)), *(h.hex() for h in prefix)]
         return args
 
     async def _inspect(self, what: str, *args: str) -> Any:
         return await self._call("inspect", [what, *args])
 
-    async def _call(self, script: str, args: list[str]) -> Any:
-        """Run one script; a lost Redis becomes `StateUnavailable` (and a short back-off)."""
+    async def _call(self, script: str, args: list[str], *, background: bool = False) -> Any:
+        """Run one script; a lost Redis becomes `StateUnavailable` (and a short back-off).
+
+        The call first waits for its lane's turn (`background`: the renewals' own
+        connection); the wait is back-pressure, not a failure. Once it has its turn a call
+        made while Redis is known to be away fails at once instead of timing out."""
         self._start()
         if self.degraded:
             raise StateUnavailable("Shared state (Redis) is unreachable; retrying shortly.")
+        lane = self._background_lane if background else self._request_lane
         try:
-            return await self._scripts[script](
-                keys=self.keys, args=[repr(self.key_ttl_s), self.channel, *args]
-            )
+            return await self._scripts[script](lane, args)
         except REDIS_ERRORS as e:
             self._down_until = time.monotonic() + RETRY_REDIS_AFTER_S
             log.warning("redis unreachable (%s: %s)", type(e).__name__, e)
             raise StateUnavailable(f"Shared state (Redis) is unreachable: {e}") from e
+
+    def _still_up(self) -> None:
+        """A call whose turn came while Redis was found away fails at once (not after its
+        own timeout, behind every other queued call's)."""
+        if self.degraded:
+            raise StateUnavailable("Shared state (Redis) is unreachable; retrying shortly.")
 
     def _record(self, lease: Lease, tenant: TenantPolicy) -> dict[str, Any]:
         """The lease as Redis holds it (admit.lua's json; a limit the tenant does not have
@@ -364,15 +443,20 @@ class RedisStore:
             "p": tenant.priority,
             "w": tenant.weight,
         }
+        if lease.prefix:
+            record["h"] = [h.hex() for h in lease.prefix]
+            record["c"] = lease.credit
         return {k: v for k, v in record.items() if v is not None}
 
-    async def _write_leases(self, records: dict[str, dict[str, Any]]) -> list[str]:
-        """The renew script: extends these leases, writes again the ones Redis does not
-        have; returns the ids it wrote."""
-        args = [repr(self.lease_ttl_s)]
+    async def _write_leases(
+        self, records: dict[str, dict[str, Any]], entries: Sequence[str] = ()
+    ) -> list[str]:
+        """The renew script: extends these leases and queue entries, writes again the
+        leases Redis does not have; returns the ids it wrote."""
+        args = [repr(self.lease_ttl_s), str(len(entries)), *entries]
         for lease_id, record in records.items():
             args += [lease_id, json.dumps(record, separators=(",", ":"))]
-        return [_text(raw) for raw in await self._call("renew", args)]
+        return [_text(raw) for raw in await self._call("renew", args, background=True)]
 
     async def adopt(self, leases: Sequence[tuple[Lease, TenantPolicy]]) -> None:
         """Take over leases granted outside Redis (by a fallback store in an outage): written
@@ -392,9 +476,9 @@ class RedisStore:
         """Releases and dequeues made while Redis was away, not yet sent."""
         return len(self._pending_release) + len(self._pending_dequeue)
 
-    async def _renew(self, held: dict[str, dict[str, Any]]) -> None:
-        """Extend `held` (id -> record); Redis writes again the ones it lost."""
-        restored = await self._write_leases(held)
+    async def _renew(self, held: dict[str, dict[str, Any]], entries: Sequence[str] = ()) -> None:
+        """Extend `held` (id -> record) and `entries`; Redis writes again the leases it lost."""
+        restored = await self._write_leases(held, entries)
         for lease_id in restored:
             if lease_id in self._held:
                 log.warning(
@@ -422,8 +506,8 @@ class RedisStore:
             await asyncio.sleep(self.lease_ttl_s / 3)
             try:
                 await self._catch_up()
-                if self._held:
-                    await self._renew(dict(self._held))
+                if self._held or self._queued:
+                    await self._renew(dict(self._held), sorted(self._queued))
             except StateUnavailable:
                 pass  # logged by _call; tried again next round
             except Exception:  # never let the renewals die: the leases would expire
@@ -432,10 +516,10 @@ class RedisStore:
     async def _catch_up(self) -> None:
         """Releases and dequeues that failed in an outage, now that Redis may be back."""
         for lease_id, used in list(self._pending_release.items()):
-            await self._call("release", [lease_id, _opt(used)])
+            await self._call("release", [lease_id, _opt(used)], background=True)
             self._pending_release.pop(lease_id, None)
         for entry_id in list(self._pending_dequeue):
-            await self._call("dequeue", [entry_id])
+            await self._call("dequeue", [entry_id], background=True)
             self._pending_dequeue.discard(entry_id)
 
     async def _listen_forever(self) -> None:

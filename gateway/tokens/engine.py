@@ -1,8 +1,13 @@
 """``engine``: the exact count, asked of an engine's ``POST /tokenize`` (one round trip).
 
-vLLM's ``/tokenize`` accepts ``{"model", "prompt"}`` or ``{"model", "messages",
-"add_generation_prompt"}`` and answers ``{"count": N, ...}``, chat template included, with the
-same defaults as its completion endpoints (special tokens added for prompts, not for chat).
+vLLM's ``/tokenize`` accepts ``{"model", "prompt"}`` or a chat (``TokenizeChatRequest``:
+``messages``, ``add_generation_prompt``, ``continue_final_message``, ``add_special_tokens``,
+``tools``, ``chat_template``, ``chat_template_kwargs``, ``mm_processor_kwargs``; no
+``tool_choice`` and no ``documents`` — those travel in ``chat_template_kwargs``) and answers
+``{"count": N, "tokens": [...], ...}``, chat template included, with the same defaults as its
+completion endpoints (special tokens added for prompts, not for chat). vLLM 0.32 runs the
+multimodal processor there too (``vllm/entrypoints/serve/tokenize/serving.py`` renders through
+``process_for_engine``), so an image's placeholder comes back expanded into its tokens.
 """
 
 from __future__ import annotations
@@ -13,7 +18,10 @@ from typing import Any
 
 import aiohttp
 
+from gateway.tokens.chat import ChatInput
+from gateway.tokens.count import TokenCount
 from gateway.tokens.errors import EngineTokenizeError
+from gateway.tokens.local import media_tokens
 
 
 class EngineCounter:
@@ -24,10 +32,13 @@ class EngineCounter:
     gives a count.
 
     ``client`` is an aiohttp session (the gateway's data-plane session: a count is on every
-    request's path); ``timeout`` applies to each ``/tokenize`` call.
+    request's path); ``timeout`` applies to each ``/tokenize`` call. ``expands_media``: the
+    engine's ``/tokenize`` counts media parts (vLLM 0.32 does); otherwise the gateway adds
+    ``chat.media``'s tokens to its answer. Counts carry the engine's token ids (text prompts).
     """
 
     name = "engine"
+    gives_ids = True
 
     def __init__(
         self,
@@ -36,8 +47,10 @@ class EngineCounter:
         urls: Callable[[], list[str]],
         client: aiohttp.ClientSession,
         timeout: aiohttp.ClientTimeout | None = None,
+        expands_media: bool = True,
     ) -> None:
         self.model = model
+        self.expands_media = expands_media
         self._urls = urls
         self._client = client
         self._timeout = timeout
@@ -45,20 +58,18 @@ class EngineCounter:
     def __repr__(self) -> str:
         return f"EngineCounter(model={self.model!r})"
 
-    async def count_prompt(self, prompt: str) -> int:
+    async def count_prompt(self, prompt: str) -> TokenCount:
         return await self._tokenize({"model": self.model, "prompt": prompt})
 
-    async def count_chat(
-        self, messages: list[dict[str, Any]], *, add_generation_prompt: bool = True
-    ) -> int:
-        body = {
-            "model": self.model,
-            "messages": messages,
-            "add_generation_prompt": add_generation_prompt,
-        }
-        return await self._tokenize(body)
+    async def count_chat(self, chat: ChatInput) -> TokenCount:
+        counted = await self._tokenize(chat.tokenize_body(self.model, chat.messages))
+        if not chat.media_parts:
+            return counted
+        if self.expands_media:
+            return TokenCount(counted.count)  # media prompts carry no ids (see TokenCount)
+        return TokenCount(counted.count + media_tokens(chat))
 
-    async def _tokenize(self, body: dict[str, Any]) -> int:
+    async def _tokenize(self, body: dict[str, Any]) -> TokenCount:
         attempts: list[str] = []
         data = json.dumps(body).encode()
         headers = {"content-type": "application/json"}
@@ -84,7 +95,7 @@ class EngineCounter:
         )
 
 
-def _count_from(status: int, text: str, url: str) -> int:
+def _count_from(status: int, text: str, url: str) -> TokenCount:
     try:
         data = json.loads(text)
     except ValueError:
@@ -97,7 +108,10 @@ def _count_from(status: int, text: str, url: str) -> int:
     count = data.get("count") if isinstance(data, dict) else None
     if not isinstance(count, int) or isinstance(count, bool) or count < 0:
         raise EngineTokenizeError(f"{url} answered without a valid 'count': {text[:200]}")
-    return count
+    tokens = data.get("tokens")
+    if isinstance(tokens, list) and len(tokens) == count:
+        return TokenCount(count, tokens)
+    return TokenCount(count)
 
 
 def _error_message(data: object, text: str) -> str:

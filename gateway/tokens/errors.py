@@ -22,6 +22,15 @@ class ChatTemplateError(TokenCountError, ValueError):
     (``raise_exception``) on them. The request is at fault, so this is also a ``ValueError``."""
 
 
+class InvalidChatRequest(ChatTemplateError):
+    """A chat field the counters read (``tools``, ``chat_template_kwargs``, a content part...)
+    is malformed, in the way vLLM would refuse it too. ``param`` names the field."""
+
+    def __init__(self, message: str, *, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
+
+
 class PromptTypeError(TokenCountError, ValueError):
     """A completions ``prompt`` of a type the OpenAI API does not allow."""
 

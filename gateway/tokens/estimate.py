@@ -10,12 +10,15 @@ where a wrong count is cheap, or with a ratio measured for the model.
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Mapping
-from typing import Any
 
+from gateway.tokens.chat import ChatInput
+from gateway.tokens.count import TokenCount
 from gateway.tokens.errors import ChatTemplateError
-from gateway.tokens.messages import content_text
+from gateway.tokens.local import media_tokens
+from gateway.tokens.messages import content_text, extras_text
 
 DEFAULT_BYTES_PER_TOKEN = 4.0
 ESTIMATE_TOKENS_PER_MESSAGE = 4
@@ -23,7 +26,10 @@ ESTIMATE_REPLY_PRIMING = 3
 
 
 class EstimateCounter:
-    """Counts ``ceil(bytes / bytes_per_token)``; never fails on text, never blocks."""
+    """Counts ``ceil(bytes / bytes_per_token)``; never fails on text, never blocks. Tools and
+    documents count as their JSON, media parts as ``chat.media``; it gives no token ids."""
+
+    gives_ids = False
 
     def __init__(self, bytes_per_token: float = DEFAULT_BYTES_PER_TOKEN, *, name: str) -> None:
         if not (math.isfinite(bytes_per_token) and bytes_per_token > 0):
@@ -38,14 +44,12 @@ class EstimateCounter:
         size = len(text) if text.isascii() else len(text.encode("utf-8"))
         return math.ceil(size / self.bytes_per_token)
 
-    async def count_prompt(self, prompt: str) -> int:
-        return self.estimate(prompt)
+    async def count_prompt(self, prompt: str) -> TokenCount:
+        return TokenCount(self.estimate(prompt))
 
-    async def count_chat(
-        self, messages: list[dict[str, Any]], *, add_generation_prompt: bool = True
-    ) -> int:
-        total = ESTIMATE_REPLY_PRIMING if add_generation_prompt else 0
-        for index, message in enumerate(messages):
+    async def count_chat(self, chat: ChatInput) -> TokenCount:
+        total = ESTIMATE_REPLY_PRIMING if chat.add_generation_prompt else 0
+        for index, message in enumerate(chat.messages):
             if not isinstance(message, Mapping):
                 raise ChatTemplateError(f"messages[{index}] is not an object")
             total += ESTIMATE_TOKENS_PER_MESSAGE
@@ -54,4 +58,10 @@ class EstimateCounter:
                 value = message.get(key)
                 if isinstance(value, str):
                     total += self.estimate(value)
-        return total
+            calls = message.get("tool_calls")
+            if calls:
+                total += self.estimate(json.dumps(calls, ensure_ascii=False))
+        extras = extras_text(chat)
+        if extras:
+            total += self.estimate(extras)
+        return TokenCount(total + media_tokens(chat))

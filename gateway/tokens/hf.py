@@ -5,41 +5,43 @@ counts tokens the way a vLLM engine serving that directory does:
 
 - completions: ``encode(prompt)`` with the tokenizer's own special tokens
   (``add_special_tokens=True``, vLLM's default for ``/v1/completions``);
-- chat: the template is rendered like ``transformers.apply_chat_template`` (sandboxed Jinja2,
-  ``trim_blocks``/``lstrip_blocks``, ``raise_exception``, ``tojson``, ``strftime_now``) and the
-  rendered text is encoded with ``add_special_tokens=False``, as vLLM does for chat, because the
-  template already wrote every special token the model needs.
+- chat: the conversation as vLLM builds it (:mod:`gateway.tokens.chat`) is rendered like
+  ``transformers.apply_chat_template`` (:mod:`gateway.tokens.template`) — with the request's
+  tools, documents, template kwargs, ``continue_final_message`` — and the rendered text is
+  encoded with ``add_special_tokens=False`` (unless the request asks for them), as vLLM does
+  for chat, because the template already wrote every special token the model needs.
 
-Message ``content`` may be a string, ``None`` (rendered as ``""``) or a list of OpenAI content
-parts; text parts are joined with ``"\\n"`` into one string before rendering. This is vLLM's
-"string" content format, which vLLM picks for templates that do not iterate over
-``message['content']`` (the bundled ChatML template, and most templates). Non-text parts are
-rejected with :class:`ChatTemplateError`: a text-only tokenizer cannot count them.
+Message content is passed to the template as vLLM passes it: as one string (text parts joined
+with ``"\\n"``) for templates that print ``message['content']``, as a list of parts for
+templates that loop over it (vLLM's "string" and "openai" content formats, detected from the
+template).
 
-The project's own tokenizer (byte-level BPE, vocab 2048, ChatML, no automatic BOS) is bundled at
-:data:`BUNDLED_TOKENIZER_DIR`; ``tools/build_tokenizer.py`` builds it.
+The project's own tokenizer (byte-level BPE, vocab 2048, a ChatML template that renders tools
+as Qwen2.5 and Hermes do, no automatic BOS) is bundled at :data:`BUNDLED_TOKENIZER_DIR`;
+``tools/build_tokenizer.py`` builds it.
 
 Instances are immutable after :meth:`HfTokenizer.load` and safe to share between threads
-(``tokenizers`` encodes without holding the GIL); the compiled template is reused.
+(``tokenizers`` encodes without holding the GIL); compiled templates are reused.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-import jinja2
-import jinja2.ext
-import jinja2.nodes
-import jinja2.parser
-import jinja2.sandbox
 from tokenizers import Tokenizer
 
+from gateway.tokens.chat import ChatInput, Modality, conversation
 from gateway.tokens.errors import ChatTemplateError, TokenizerLoadError
-from gateway.tokens.messages import content_text
+from gateway.tokens.template import (
+    compile_template,
+    content_format,
+    named_templates,
+    render,
+    select_template,
+)
 
 BUNDLED_TOKENIZER_DIR: Path = Path(__file__).resolve().parent.parent / "assets" / "tiny-tokenizer"
 """The project's tiny tokenizer directory, shipped as package data."""
@@ -59,7 +61,7 @@ class HfTokenizer:
         self,
         tokenizer: Tokenizer,
         *,
-        chat_template: str | None,
+        chat_template: str | Mapping[str, str] | None,
         special_tokens: Mapping[str, str],
         source: str = "<memory>",
     ) -> None:
@@ -70,8 +72,13 @@ class HfTokenizer:
         )
         self._special_tokens = dict(special_tokens)
         self._source = source
-        self.chat_template = chat_template
-        self._template = _compile_template(chat_template) if chat_template is not None else None
+        if isinstance(chat_template, str):
+            chat_template = {"default": chat_template}
+        self.chat_templates: dict[str, str] = dict(chat_template or {})
+        """The tokenizer's chat templates by name (``default``, maybe ``tool_use``...)."""
+        for source in self.chat_templates.values():
+            compile_template(source)  # a template that does not compile fails the load
+        self.chat_template = self.chat_templates.get("default")
         self.vocab_size: int = tokenizer.get_vocab_size(with_added_tokens=True)
         """Size of the id space, added tokens included (``len(tokenizer)`` in transformers)."""
         self.bos_token_id = self._token_id("bos_token")
@@ -87,9 +94,10 @@ class HfTokenizer:
         """Load ``tokenizer.json`` and the chat template from a tokenizer directory.
 
         The template comes from ``chat_template.jinja`` if present (newer ``transformers``
-        saves it there), else ``tokenizer_config.json``'s ``chat_template`` (a string, or a list
-        of ``{"name", "template"}`` of which ``default`` is used). A directory without a template
-        loads; only chat rendering then fails. Raises :class:`TokenizerLoadError`.
+        saves it there; ``additional_chat_templates/<name>.jinja`` add named ones), else
+        ``tokenizer_config.json``'s ``chat_template`` (a string, or a list of ``{"name",
+        "template"}``). A directory without a template loads; only chat rendering then fails.
+        Raises :class:`TokenizerLoadError`.
         """
         directory = Path(path)
         tokenizer_file = directory / "tokenizer.json"
@@ -107,7 +115,7 @@ class HfTokenizer:
         }
         return cls(
             tokenizer,
-            chat_template=_find_chat_template(directory, config),
+            chat_template=_find_chat_templates(directory, config),
             special_tokens=special,
             source=str(directory),
         )
@@ -127,12 +135,23 @@ class HfTokenizer:
         ids: list[int] = self._tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
         return ids
 
+    def encoding(self, text: str, *, add_special_tokens: bool = True) -> Any:
+        """The ``tokenizers.Encoding`` of ``text``, without offsets where the library allows
+        (``len()`` is the count; ``.ids`` builds the id list only when read)."""
+        if self._encode_fast is not None:
+            return self._encode_fast([text], add_special_tokens=add_special_tokens)[0]
+        return self._tokenizer.encode(text, add_special_tokens=add_special_tokens)
+
+    def encode_pair(self, first: str, second: str) -> list[int]:
+        """Token ids of a text pair with the tokenizer's pair template (cross-encoders'
+        ``[CLS] a [SEP] b [SEP]``; plain concatenation for tokenizers without one)."""
+        ids: list[int] = self._tokenizer.encode(first, second, add_special_tokens=True).ids
+        return ids
+
     def count(self, text: str, *, add_special_tokens: bool = True) -> int:
         """``len(encode(text, add_special_tokens=...))``, without computing offsets (about a
         third faster than ``encode`` on large inputs)."""
-        if self._encode_fast is not None:
-            return len(self._encode_fast([text], add_special_tokens=add_special_tokens)[0])
-        return len(self._tokenizer.encode(text, add_special_tokens=add_special_tokens))
+        return len(self.encoding(text, add_special_tokens=add_special_tokens))
 
     def decode(self, ids: Sequence[int], *, skip_special_tokens: bool = False) -> str:
         """Text of ``ids``. Byte-level pieces that do not form valid UTF-8 decode to U+FFFD."""
@@ -144,40 +163,65 @@ class HfTokenizer:
         token: str | None = self._tokenizer.id_to_token(token_id)
         return token
 
+    def token_to_id(self, token: str) -> int | None:
+        token_id: int | None = self._tokenizer.token_to_id(token)
+        return token_id
+
+    def render_chat(
+        self,
+        chat: ChatInput,
+        *,
+        defaults: Mapping[str, Any] | None = None,
+        placeholders: Mapping[Modality, str] | None = None,
+    ) -> str:
+        """The prompt text of a chat request, as vLLM renders it for this tokenizer.
+
+        ``defaults`` are the engine's ``--default-chat-template-kwargs``; ``placeholders`` the
+        model's media placeholder strings (for "string"-format templates). Raises
+        :class:`ChatTemplateError` (a ``ValueError``) when there is no template, a message is
+        malformed, or the template refuses the conversation.
+        """
+        variables = {**self._special_tokens, **chat.template_variables(defaults)}
+        source = select_template(
+            self.chat_templates, chat.chat_template, bool(variables.get("tools"))
+        )
+        if source is None:
+            raise ChatTemplateError(f"tokenizer {self._source} has no chat template")
+        messages = conversation(chat.messages, content_format(source), placeholders)
+        return render(source, messages, variables)
+
+    def chat_encoding(
+        self,
+        chat: ChatInput,
+        *,
+        defaults: Mapping[str, Any] | None = None,
+        placeholders: Mapping[Modality, str] | None = None,
+    ) -> Any:
+        """The encoding of a chat prompt (see :meth:`encoding`)."""
+        rendered = self.render_chat(chat, defaults=defaults, placeholders=placeholders)
+        return self.encoding(rendered, add_special_tokens=chat.add_special_tokens)
+
     def apply_chat_template(
         self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True
     ) -> str:
-        """Render ``messages`` with the chat template, as ``transformers`` would with
-        ``tokenize=False``. Raises :class:`ChatTemplateError` when there is no template, a
-        message is malformed, or the template rejects the conversation."""
-        if self._template is None:
-            raise ChatTemplateError(f"tokenizer {self._source} has no chat template")
-        conversation = [_normalize_message(m, i) for i, m in enumerate(messages)]
-        try:
-            return self._template.render(
-                messages=conversation,
-                add_generation_prompt=add_generation_prompt,
-                **self._special_tokens,
-            )
-        except jinja2.TemplateError as exc:
-            raise ChatTemplateError(f"chat template rejected the messages: {exc}") from exc
-        except (TypeError, KeyError, AttributeError) as exc:
-            raise ChatTemplateError(f"chat template failed on the messages: {exc!r}") from exc
+        """Render ``messages`` alone (no tools, no options), as ``transformers`` would with
+        ``tokenize=False``. Raises :class:`ChatTemplateError`."""
+        return self.render_chat(ChatInput(messages, add_generation_prompt=add_generation_prompt))
 
     def count_chat(
         self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True
     ) -> int:
-        """Prompt tokens of a chat request: the rendered template encoded without adding
+        """Prompt tokens of ``messages`` alone: the rendered template encoded without adding
         special tokens again (what vLLM's ``/tokenize`` and chat endpoints count)."""
-        rendered = self.apply_chat_template(messages, add_generation_prompt=add_generation_prompt)
-        return self.count(rendered, add_special_tokens=False)
+        return len(
+            self.chat_encoding(ChatInput(messages, add_generation_prompt=add_generation_prompt))
+        )
 
     def _token_id(self, key: str) -> int | None:
         token = self._special_tokens.get(key)
         if token is None:
             return None
-        token_id: int | None = self._tokenizer.token_to_id(token)
-        return token_id
+        return self.token_to_id(token)
 
 
 def _read_json(path: Path) -> dict[str, Any]:
@@ -201,87 +245,18 @@ def _token_content(value: object) -> str | None:
     return None
 
 
-def _find_chat_template(directory: Path, config: Mapping[str, Any]) -> str | None:
+def _find_chat_templates(directory: Path, config: Mapping[str, Any]) -> dict[str, str]:
     jinja_file = directory / "chat_template.jinja"
     if jinja_file.is_file():
-        return jinja_file.read_text(encoding="utf-8")
-    template = config.get("chat_template")
-    if template is None or isinstance(template, str):
-        return template
-    if isinstance(template, list):
-        named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
-        default = named.get("default")
-        if isinstance(default, str):
-            return default
-        raise TokenizerLoadError(f"{directory}: chat_template list has no 'default' template")
-    raise TokenizerLoadError(f"{directory}: chat_template is neither a string nor a list")
+        templates = {"default": jinja_file.read_text(encoding="utf-8")}
+        extra = directory / "additional_chat_templates"
+        if extra.is_dir():
+            for path in sorted(extra.glob("*.jinja")):
+                templates[path.stem] = path.read_text(encoding="utf-8")
+        return templates
+    return named_templates(config.get("chat_template"), str(directory))
 
 
 def _added_tokens(tokenizer: Tokenizer) -> Iterable[tuple[int, Any]]:
     decoder: dict[int, Any] = tokenizer.get_added_tokens_decoder()
     return decoder.items()
-
-
-def _normalize_message(message: Mapping[str, Any], index: int) -> dict[str, Any]:
-    if not isinstance(message, Mapping):
-        raise ChatTemplateError(f"messages[{index}] is not an object")
-    normalized = dict(message)
-    normalized["content"] = content_text(message.get("content"), index)
-    return normalized
-
-
-# --- the Jinja2 environment of transformers' apply_chat_template -------------------------------
-
-
-def _raise_exception(message: str) -> None:
-    raise jinja2.TemplateError(message)
-
-
-def _tojson(
-    value: Any,
-    ensure_ascii: bool = False,
-    indent: int | None = None,
-    separators: tuple[str, str] | None = None,
-    sort_keys: bool = False,
-) -> str:
-    # transformers replaces Jinja's tojson (which HTML-escapes) with a plain json.dumps.
-    return json.dumps(
-        value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
-    )
-
-
-def _strftime_now(fmt: str) -> str:
-    # Templates may print today's date; that is the only wall-clock read here, by design of
-    # the template, and it never changes the token count by more than the date's length.
-    return datetime.now().strftime(fmt)
-
-
-class _GenerationTag(jinja2.ext.Extension):
-    """``{% generation %}...{% endgeneration %}`` renders its body (transformers uses it to mark
-    assistant tokens; counting does not need the mask)."""
-
-    tags = {"generation"}  # noqa: RUF012 - the Extension API defines it as a class attribute
-
-    def parse(self, parser: jinja2.parser.Parser) -> jinja2.nodes.Node:
-        lineno = next(parser.stream).lineno
-        body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
-        call = self.call_method("_render_body")
-        return jinja2.nodes.CallBlock(call, [], [], body).set_lineno(lineno)
-
-    def _render_body(self, caller: Callable[[], str]) -> str:
-        return caller()
-
-
-def _compile_template(source: str) -> jinja2.Template:
-    env = jinja2.sandbox.ImmutableSandboxedEnvironment(
-        trim_blocks=True,
-        lstrip_blocks=True,
-        extensions=[_GenerationTag, jinja2.ext.loopcontrols],
-    )
-    env.filters["tojson"] = _tojson
-    env.globals["raise_exception"] = _raise_exception
-    env.globals["strftime_now"] = _strftime_now
-    try:
-        return env.from_string(source)
-    except jinja2.TemplateSyntaxError as exc:
-        raise TokenizerLoadError(f"chat template does not compile: {exc}") from exc

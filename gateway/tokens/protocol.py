@@ -5,9 +5,13 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from typing import Any, Protocol, runtime_checkable
+from typing import Protocol, TypeVar, runtime_checkable
 
+from gateway.tokens.chat import ChatInput
+from gateway.tokens.count import TokenCount
 from gateway.tokens.errors import PromptTypeError
+
+T = TypeVar("T")
 
 OFFLOAD_CHARS = 8 * 1024
 """Inputs longer than this many characters are tokenized in a worker thread. Measured on the
@@ -20,22 +24,24 @@ class TokenCounter(Protocol):
     """Counts prompt tokens of one model as its engine will see them.
 
     ``count_prompt`` is a completions prompt (text as sent, the tokenizer's own BOS/EOS added
-    if it adds any); ``count_chat`` is the chat prompt after the chat template, generation
-    prompt included when ``add_generation_prompt``. Both return an int ≥ 0 and raise only
+    if it adds any); ``count_chat`` is the chat prompt after the chat template, rendered with
+    the request's tools and template options (:class:`ChatInput`), each media part counted as
+    ``chat.media`` says (the ``engine`` counter asks the engine instead). Both return a
+    :class:`TokenCount` (count ≥ 0, ids where ``gives_ids``) and raise only
     :class:`gateway.tokens.TokenCountError` subclasses (``ValueError`` ones when the input is
     at fault).
     """
 
     name: str
+    gives_ids: bool
+    """Whether counts carry the prompt's token ids (``hf:`` and ``engine``: text prompts)."""
 
-    async def count_prompt(self, prompt: str) -> int: ...
+    async def count_prompt(self, prompt: str) -> TokenCount: ...
 
-    async def count_chat(
-        self, messages: list[dict[str, Any]], *, add_generation_prompt: bool = True
-    ) -> int: ...
+    async def count_chat(self, chat: ChatInput) -> TokenCount: ...
 
 
-async def count_off_loop(count: Callable[[], int], size: int) -> int:
+async def count_off_loop(count: Callable[[], T], size: int) -> T:
     """Run the CPU-bound ``count`` inline when ``size`` (characters) is small, else in a worker
     thread so the event loop keeps serving other requests."""
     if size > OFFLOAD_CHARS:
@@ -43,7 +49,7 @@ async def count_off_loop(count: Callable[[], int], size: int) -> int:
     return count()
 
 
-async def prompt_token_counts(counter: TokenCounter, prompt: object) -> list[int]:
+async def prompt_token_counts(counter: TokenCounter, prompt: object) -> list[TokenCount]:
     """Prompt tokens of each prompt of a ``/v1/completions`` request, in order.
 
     ``prompt`` may be a string, a non-empty list of strings, a non-empty list of token ids, or
@@ -57,9 +63,9 @@ async def prompt_token_counts(counter: TokenCounter, prompt: object) -> list[int
     if all(isinstance(p, str) for p in prompt):
         return list(await asyncio.gather(*(counter.count_prompt(p) for p in prompt)))
     if all(_is_token_id(t) for t in prompt):
-        return [len(prompt)]
+        return [TokenCount.of_ids(prompt)]
     if all(isinstance(p, list) and p and all(_is_token_id(t) for t in p) for p in prompt):
-        return [len(p) for p in prompt]
+        return [TokenCount.of_ids(p) for p in prompt]
     raise PromptTypeError(_prompt_type_message(prompt))
 
 

@@ -11,11 +11,13 @@ Specs::
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 
+from gateway.tokens.chat import MediaTemplate
 from gateway.tokens.engine import EngineCounter
 from gateway.tokens.errors import TokenizerLoadError
 from gateway.tokens.estimate import DEFAULT_BYTES_PER_TOKEN, EstimateCounter
@@ -37,6 +39,9 @@ def make_counter(
     tokenize_urls: Callable[[], list[str]] | None = None,
     client: aiohttp.ClientSession | None = None,
     timeout: aiohttp.ClientTimeout | None = None,
+    template_defaults: Mapping[str, Any] | None = None,
+    media: MediaTemplate | None = None,
+    engine_expands_media: bool = True,
 ) -> TokenCounter:
     """Build the counter named by ``spec`` for ``model``.
 
@@ -44,16 +49,21 @@ def make_counter(
     start-up: raises ``ValueError`` naming the spec and the reason. ``engine`` needs both
     ``tokenize_urls`` (called on every count; it returns the base URLs of the engines serving
     ``model``, best first) and ``client``, an aiohttp session owned and closed by the caller;
-    ``timeout``, if given, applies to each ``/tokenize`` call.
+    ``timeout``, if given, applies to each ``/tokenize`` call. ``hf:`` renders chats with
+    ``template_defaults`` (the engines' ``--default-chat-template-kwargs``) and places media
+    as ``media`` says; ``engine_expands_media=False`` makes ``engine`` add the media tokens
+    the gateway counted to the engine's answer.
     """
     kind, sep, arg = spec.partition(":")
     try:
         if kind == "hf" and sep and arg:
-            return _hf(spec, arg)
+            return _hf(spec, arg, template_defaults, media)
         if kind == "tiktoken" and sep and arg:
             return TiktokenCounter(load_encoding(arg), name=f"tiktoken:{canonical_name(arg)}")
         if spec == "engine":
-            return _engine(spec, model, tokenize_urls, client, timeout)
+            counter = _engine(spec, model, tokenize_urls, client, timeout)
+            counter.expands_media = engine_expands_media
+            return counter
         if kind == "estimate" and (not sep or arg):
             return _estimate(spec, arg)
     except TokenizerLoadError as exc:
@@ -61,11 +71,13 @@ def make_counter(
     raise ValueError(f"invalid token counter spec {spec!r}; expected one of {SPEC_FORMS}")
 
 
-def _hf(spec: str, arg: str) -> HfCounter:
+def _hf(
+    spec: str, arg: str, defaults: Mapping[str, Any] | None, media: MediaTemplate | None
+) -> HfCounter:
     directory = BUNDLED_TOKENIZER_DIR if arg == BUNDLED_ALIAS else Path(arg).expanduser()
     if not directory.is_dir():
         raise ValueError(f"token counter {spec!r}: {directory} is not a directory")
-    return HfCounter(HfTokenizer.load(directory), name=spec)
+    return HfCounter(HfTokenizer.load(directory), name=spec, defaults=defaults, media=media)
 
 
 def _engine(

@@ -156,20 +156,67 @@ def test_a_topped_up_lease_holds_the_next_token(prompt, generated, budget, seqs,
 
 
 def test_adaptive_quantile_tightens_on_preemptions_and_relaxes_when_quiet() -> None:
-    steer = AdaptiveQuantile(AdaptivePolicy(target_per_1000=10, min_quantile=0.5, step=0.05), 0.8)
-    steer.observe(completed=10, preemptions=3)  # 0.1 allowed, 3 seen: over by a whole one
-    assert steer.quantile == pytest.approx(0.85)
-    for _ in range(99):
+    steer = AdaptiveQuantile(AdaptivePolicy(target_per_1000=10, min_quantile=0.5, step=0.05), 0.6)
+    steer.observe(completed=10, preemptions=3)  # 0.1 allowed, 3 seen: 2.9 over budget
+    assert steer.quantile == pytest.approx(0.7)  # a step per whole preemption over budget
+    steer.observe(preemptions=1)  # 3.9 over: one more whole one
+    assert steer.quantile == pytest.approx(0.75)
+    for _ in range(489):
         steer.observe(completed=1)
-    assert steer.quantile == pytest.approx(0.85)  # 0.99 of one preemption's allowance unused
+    assert steer.quantile == pytest.approx(0.75)  # the debt repaid, 0.99 to spare
     steer.observe(completed=1)
-    assert steer.quantile == pytest.approx(0.80)  # a whole one unused: relax a step
+    assert steer.quantile == pytest.approx(0.70)  # a whole one to spare: relax a step
+    assert steer.allowance == pytest.approx(0.0)  # and spend it
     for _ in range(100):
         steer.observe(preemptions=5)
     assert steer.quantile == 1.0  # never past the longest recent output
-    for _ in range(10_000):
+    for _ in range(100_000):
         steer.observe(completed=100)
     assert steer.quantile == 0.5  # nor below the floor
+
+
+def test_a_burst_over_budget_is_not_forgiven() -> None:
+    # Twenty preemptions in one scrape, then quiet: the quantile stays up until the twenty
+    # are paid for at the target rate (20 × 1,000 requests at 1/1000), then relaxes.
+    steer = AdaptiveQuantile(AdaptivePolicy(target_per_1000=1, step=0.02), 0.9)
+    steer.observe(completed=1, preemptions=20)
+    high = steer.quantile
+    assert high == 1.0
+    for _ in range(20_000):
+        steer.observe(completed=1)
+    assert steer.quantile == high
+    for _ in range(1_001):
+        steer.observe(completed=1)
+    assert steer.quantile < high
+
+
+def test_adaptive_quantile_meets_its_target_against_bursty_preemptions() -> None:
+    # A toy engine with a cliff, like a workload with 10 % long answers: reserving below
+    # the 0.9 quantile under-reserves every long one, and 30 % of the requests admitted then
+    # cause a preemption; the gateway learns of them once per 50 requests (a scrape), as a
+    # burst. Above the cliff nothing is preempted. Over a long run the controller must keep
+    # to its target (it may probe below the cliff, but pays for each burst), and must not
+    # stay pinned at the top either.
+    target = 1.0
+    steer = AdaptiveQuantile(AdaptivePolicy(target_per_1000=target, step=0.02), 0.95)
+    owed = 0.0
+    preemptions = 0
+    requests = 500_000
+    lowest_after_first_burst = 1.0
+    for i in range(1, requests + 1):
+        if steer.quantile < 0.9 - 1e-9:
+            owed += 0.3
+        seen = 0
+        if i % 50 == 0:
+            seen = int(owed)
+            owed -= seen
+            preemptions += seen
+        steer.observe(completed=1, preemptions=seen)
+        if preemptions:
+            lowest_after_first_burst = min(lowest_after_first_burst, steer.quantile)
+    assert preemptions > 0  # it did probe the cliff
+    assert 1000 * preemptions / requests <= target
+    assert lowest_after_first_burst < 0.92  # and came back down to it after a burst
 
 
 def test_adaptive_quantile_settles_at_its_target_against_a_simulated_engine() -> None:

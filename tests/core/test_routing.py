@@ -1,8 +1,9 @@
+import dataclasses
 import random
 
 import pytest
 
-from gateway.core.routing import Candidate, Router, fits
+from gateway.core.routing import SCORERS, Candidate, Router, fits
 from gateway.core.types import EngineLoad, EngineSpec, EngineView, Footprint
 
 
@@ -53,6 +54,17 @@ def test_fits(candidate, ok):
     assert fits(candidate, 1.0) is ok
 
 
+def test_staged_sequences_are_slots_beyond_max_num_seqs():
+    # admission.staged_seqs: that many of the gateway's sequences may wait inside the engine.
+    def staged(running: int, fseqs: int = 0) -> Candidate:
+        view = EngineView(spec("a"), EngineLoad(0, running), True, 0, fseqs, staged_seqs=2)
+        return Candidate(view, Footprint(blocks=1, seqs=1, tokens=16))
+
+    assert staged(0).view.seq_slots == 10
+    assert fits(staged(9), 1.0) and not fits(staged(10), 1.0)
+    assert fits(staged(8, fseqs=1), 1.0) and not fits(staged(8, fseqs=2), 1.0)
+
+
 def test_ceiling_and_null_block():
     # 101 blocks → 100 usable (vLLM's null block); ceiling 0.5 → 50.
     assert spec("a").capacity_blocks(0.5) == 50
@@ -74,3 +86,58 @@ def test_lowest_kv_fraction_prefers_the_emptier_engine_by_share():
     big = cand("big", reserved=100, blocks=1001)  # 10% used
     small = cand("small", reserved=20, blocks=101)  # 20% used
     assert router.pick([big, small], 1.0, random.Random(0)).view.spec.name == "big"
+
+
+def _prefixed(name: str, reserved: int, need: int, credit: int = 0, cached: int = 0) -> Candidate:
+    view = EngineView(spec(name), EngineLoad(reserved, 0))
+    base = Footprint(blocks=need, seqs=1, tokens=need * 16, prefix=(b"x",) * 8, cached=cached)
+    return Candidate(view, base.credited(credit))
+
+
+def test_most_free_after_prefers_where_the_prefix_is_held_when_it_saves_enough() -> None:
+    router = Router(["most_free_after"], cached_block_weight=1)
+    # 8 of its 20 blocks held on "a": 100 − 67 − 12 + 8 = 29 after, against 100 − 50 − 20 = 30
+    # on b (the credit saves 8 blocks of memory and 8 of prefill, not the 17 more used on a).
+    a, b = _prefixed("a", 67, 20, credit=8), _prefixed("b", 50, 20)
+    assert router.pick([a, b], 1.0, random.Random(0)).view.spec.name == "b"
+    a = _prefixed("a", 65, 20, credit=8)  # 31: the saving outweighs the 15 blocks
+    assert router.pick([a, b], 1.0, random.Random(0)).view.spec.name == "a"
+    # Cached but unheld blocks count for routing only: "c" is no freer, yet preferred.
+    c = _prefixed("c", 50, 20, cached=4)
+    assert c.need.blocks == 20 and router.pick([b, c], 1.0, random.Random(0)).view.spec.name == "c"
+
+
+def test_the_cached_block_weight_says_what_a_cached_block_is_worth() -> None:
+    # "c" has 30 blocks fewer free but 4 of the prompt cached: 100 − 80 − 20 + 4w vs 30.
+    b, c = _prefixed("b", 50, 20), _prefixed("c", 80, 20, cached=4)
+    picks = {
+        w: Router(["most_free_after"], cached_block_weight=w).pick([b, c], 1.0, random.Random(0))
+        for w in (1, 7, 8)
+    }
+    assert {w: p.view.spec.name for w, p in picks.items() if p} == {1: "b", 7: "b", 8: "c"}
+    with pytest.raises(ValueError, match="cached_block_weight"):
+        Router(["most_free_after"], cached_block_weight=-1)
+
+
+def test_without_a_prefix_most_free_after_orders_as_most_free_blocks() -> None:
+    cands = [cand(n, reserved=r) for n, r in (("a", 10), ("b", 40), ("c", 25))]
+    for scorer in ("most_free_blocks", "most_free_after"):
+        ranked = sorted(cands, key=lambda c: -SCORERS[scorer](c, 1.0))
+        assert [c.view.spec.name for c in ranked] == ["a", "c", "b"]
+
+
+def test_credit_is_capped_by_the_prefix_and_comes_off_the_prompt_blocks() -> None:
+    need = Footprint(blocks=30, seqs=1, tokens=480, prompt_blocks=10, prefix=(b"h",) * 6)
+    assert need.credited(4) == Footprint(30 - 4, 1, 480, 6, need.prefix, credit=4, cached=4)
+    assert need.credited(99).credit == 6 and need.credited(-1).credit == 0
+
+
+def test_with_load_is_replace_of_the_load() -> None:
+    """`EngineView.with_load` keeps every other field (a field added to EngineView and
+    forgotten there fails here)."""
+    spec = EngineSpec("e", "http://e", frozenset({"m"}), 11, 16, 8, 2048)
+    values = {"healthy": False, "foreign_blocks": 3, "foreign_seqs": 2, "staged_seqs": 1}
+    view = EngineView(spec, EngineLoad(), **values)
+    assert {f.name for f in dataclasses.fields(EngineView)} == {"spec", "load", *values}
+    load = EngineLoad(5, 1, 2)
+    assert view.with_load(load) == dataclasses.replace(view, load=load)

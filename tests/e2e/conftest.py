@@ -2,13 +2,17 @@
 
 One engine for the whole package (start-up costs 25-50 s), stopped when its last test is done so
 that the rest of the suite does not share the 2 cores and 2-3 GiB with it: 6 KV blocks of 128
-tokens. The vLLM environment is `<repo>/.venv-vllm`, made by `tools/vllm/setup.sh`. When it is
-missing or broken, a developer's run skips with the reason; under CI (env CI set) the tests fail
-instead, after one attempt to run the setup script when the environment does not exist.
+tokens. It publishes its KV-cache events (`--kv-events-config`, ZMQ on a free port: the
+`vllm_kv_events` fixture) for the exact mode's test; the publisher changes nothing else in the
+engine, so one engine serves every test. The vLLM environment is `<repo>/.venv-vllm`, made
+by `tools/vllm/setup.sh`. When it is missing or broken, a developer's run skips with the
+reason; under CI (env CI set) the tests fail instead, after one attempt to run the setup
+script when the environment does not exist.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -17,7 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.gateway_process import GatewayProcess, gateway_config
+from gateway.harness import free_port
+from tests.e2e.gateway_process import GatewayProcess, gateway_config, serving_gateway
 from tools.vllm.engine import EngineStartError, VllmEngine
 
 REPO = Path(__file__).resolve().parents[2]
@@ -91,6 +96,30 @@ def vllm_model_dir() -> Path:
 
 
 @pytest.fixture(scope="package")
+def vllm_kv_events() -> str | None:
+    """Where the package's engine publishes its KV-cache events (None: a reused engine, see
+    `vllm_url`, unless KV_VLLM_KV_EVENTS names its publisher)."""
+    if os.environ.get("KV_VLLM_ENGINE_URL"):
+        return os.environ.get("KV_VLLM_KV_EVENTS") or None
+    return f"tcp://127.0.0.1:{free_port()}"
+
+
+def kv_events_args(endpoint: str | None) -> list[str]:
+    """vLLM's flag for its ZMQ publisher at `endpoint` (bound on every interface: vLLM binds
+    an endpoint with `*` and connects to any other)."""
+    if endpoint is None:
+        return []
+    port = endpoint.rsplit(":", 1)[1]
+    config = {
+        "enable_kv_cache_events": True,
+        "publisher": "zmq",
+        "endpoint": f"tcp://*:{port}",
+        "topic": "kv-events",
+    }
+    return ["--kv-events-config", json.dumps(config)]
+
+
+@pytest.fixture(scope="package")
 def vllm_url(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[str]:
@@ -104,6 +133,7 @@ def vllm_url(
         yield reuse.rstrip("/")
         return
     model_dir: Path = request.getfixturevalue("vllm_model_dir")
+    events: str | None = request.getfixturevalue("vllm_kv_events")
     engine = VllmEngine(
         model_dir,
         kv_cache_memory_bytes=KV_CACHE_MEMORY_BYTES,
@@ -111,6 +141,7 @@ def vllm_url(
         max_num_seqs=MAX_NUM_SEQS,
         venv=VLLM_VENV,
         log_path=tmp_path_factory.mktemp("vllm") / "engine.log",
+        extra_args=kv_events_args(events),
     )
     try:
         engine.start()
@@ -142,12 +173,5 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
 @pytest.fixture(scope="package")
 def gateway(vllm_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
     """One `kv-gateway serve` in front of the package's engine, shared by the gateway tests."""
-    process = GatewayProcess(gateway_config(vllm_url), tmp_path_factory.mktemp("gateway"))
-    try:
-        process.start()
-    except RuntimeError as exc:
-        pytest.fail(str(exc), pytrace=False)
-    try:
-        yield process
-    finally:
-        process.stop()
+    with serving_gateway(gateway_config(vllm_url), tmp_path_factory.mktemp("gateway")) as gw:
+        yield gw

@@ -6,12 +6,16 @@ YAML file, a TCP port), not in-process, so that the tests exercise exactly what 
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from gateway.harness import GatewayProcess
 
-__all__ = ["TOKENIZER_DIR", "GatewayProcess", "gateway_config"]
+__all__ = ["TOKENIZER_DIR", "GatewayProcess", "gateway_config", "serving_gateway"]
 
 
 REPO = Path(__file__).resolve().parents[2]
@@ -34,3 +38,18 @@ def gateway_config(engine_url: str, *, engine: dict[str, Any] | None = None) -> 
         "queue": {"max_length": 100, "max_wait_s": 60},
         "admission": {"kv_ceiling": 1.0, "reservation": "worst_case"},
     }
+
+
+@contextmanager
+def serving_gateway(config: dict[str, Any], workdir: Path) -> Iterator[GatewayProcess]:
+    """`kv-gateway serve` with `config` for the length of the block (a failed start fails the
+    test with the gateway's own words)."""
+    process = GatewayProcess(config, workdir)
+    try:
+        process.start()
+    except RuntimeError as exc:
+        pytest.fail(str(exc), pytrace=False)
+    try:
+        yield process
+    finally:
+        process.stop()

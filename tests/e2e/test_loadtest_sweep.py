@@ -89,14 +89,21 @@ def test_sweep_kv_cache_bytes_on_the_real_engine(
     large, middle, small = rows
     # 8 requests growing to 250 tokens (2 blocks each) fit in 31 usable blocks; in 11 five
     # run at once, in 5 two: preemptions, and requests waiting for their first token.
+    # From none to some as the cache shrinks. Between 12 and 6 blocks the count does not
+    # order: fewer requests run at once in 6, so fewer are there to be preempted (seen 26 in
+    # 12 blocks against 23 in 6 in one CI run, 20 against 37 in another).
     assert large["preemptions"] == 0 < middle["preemptions"]
-    assert middle["preemptions"] <= small["preemptions"]
-    # Medians: one stall of the engine on a busy 2-core machine moves a mean, not a median.
-    assert large["ttft_p50_ms"] < small["ttft_p50_ms"]
+    assert small["preemptions"] > 0
+    # In 5 blocks two requests run at a time where 32 hold all eight: a request's whole time
+    # grows. (Not TTFT: vLLM prefills a waiting prompt as soon as one block is free and preempts
+    # later, so a small cache can give a first token as soon as a large one; seen 1.5 s vs
+    # 1.2 s.) Medians: one stall of the engine on a busy 2-core machine moves a mean.
+    assert large["e2e_p50_ms"] < small["e2e_p50_ms"]
     conftest.record_figure(
-        "loadtest sweep (blocks: preemptions, TTFT p50 / mean ms)",
+        "loadtest sweep (blocks: preemptions, TTFT p50 / mean ms, E2E p50 ms)",
         ", ".join(
-            f"{b}: {r['preemptions']}, {r['ttft_p50_ms']:.0f} / {r['ttft_mean_ms']:.0f}"
+            f"{b}: {r['preemptions']}, {r['ttft_p50_ms']:.0f} / {r['ttft_mean_ms']:.0f}, "
+            f"{r['e2e_p50_ms']:.0f}"
             for b, r in zip(BLOCKS, rows, strict=True)
         ),
     )

@@ -14,6 +14,7 @@ import pytest
 
 from gateway.core.footprint import ceil_div
 from gateway.tokens import TokenCounter, make_counter
+from gateway.tokens.chat import ChatInput
 from tests.e2e import conftest
 from tests.e2e.block_watch import BlockWatch
 from tests.e2e.engine_metrics import scrape
@@ -127,11 +128,10 @@ async def test_hf_count_equals_vllm_tokenize(
 ) -> None:
     counter = make_counter(f"hf:{TOKENIZER_DIR}", model="tiny")
     if "prompt" in body:
-        ours = await counter.count_prompt(body["prompt"])
+        ours = (await counter.count_prompt(body["prompt"])).count
     else:
-        ours = await counter.count_chat(
-            body["messages"], add_generation_prompt=body["add_generation_prompt"]
-        )
+        chat = ChatInput(body["messages"], add_generation_prompt=body["add_generation_prompt"])
+        ours = (await counter.count_chat(chat)).count
     async with httpx.AsyncClient(timeout=30) as http:
         response = await http.post(f"{vllm_url}/tokenize", json={"model": "tiny", **body})
     response.raise_for_status()
@@ -156,7 +156,7 @@ REPEATS = 3
 
 async def _prompt_of(counter: TokenCounter, lo: int, hi: int) -> tuple[str, int]:
     for repeat in range(1, 100):
-        tokens = await counter.count_prompt(PROMPT_UNIT * repeat)
+        tokens = (await counter.count_prompt(PROMPT_UNIT * repeat)).count
         if lo <= tokens <= hi:
             return PROMPT_UNIT * repeat, tokens
     raise AssertionError(f"no repetition of {PROMPT_UNIT!r} has {lo}..{hi} tokens")

@@ -295,3 +295,9 @@ def test_any_text_parses_or_raises_metrics_parse_error(text: str) -> None:
 def test_shuffled_capture_lines_parse_or_raise_metrics_parse_error(lines: list[str]) -> None:
     with contextlib.suppress(MetricsParseError):
         parse_page("".join(lines))
+
+
+def test_the_process_start_time_is_read_when_the_page_has_it() -> None:
+    assert parse_page(capture(IDLE)).started == 1.79602057957e09  # the real capture's
+    without = drop_series(capture(IDLE), "process_start_time_seconds")
+    assert parse_page(without).started is None

@@ -32,3 +32,19 @@ def test_same_numbers_change_nothing():
     p.update_spec("e", "discovered:/metrics", dp_size=2, num_gpu_blocks=100)
     assert p.get("e").spec.max_num_seqs == 512
     assert "max_num_seqs" not in p.get("e").sources
+
+
+def test_a_new_process_start_time_or_a_readmission_starts_a_new_epoch():
+    """The engine's cache may be empty since: what the gateway expects it to cache goes."""
+    p = pool()
+    p.started("e", 1000.0)
+    p.started("e", 1000.0)
+    p.started("e", None)  # a page without the figure says nothing
+    assert p.get("e").epoch == 0
+    p.started("e", 2000.0)
+    assert p.get("e").epoch == 1
+    p.mark_healthy("e")  # healthy already: nothing happened
+    assert p.get("e").epoch == 1
+    p.get("e").healthy = False
+    p.mark_healthy("e")
+    assert p.get("e").epoch == 2

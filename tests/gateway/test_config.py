@@ -21,6 +21,13 @@ def test_url_only_engine_is_enough():
     assert cfg.engines[0].display_name == "127.0.0.1:9"
 
 
+def test_kv_events_is_off_by_default_and_takes_a_publisher_to_connect_to():
+    cfg = parse_config(
+        {"engines": [{"url": "http://a"}, {"url": "http://b", "kv_events": "tcp://b:5557"}]}
+    )
+    assert [e.kv_events for e in cfg.engines] == [None, "tcp://b:5557"]
+
+
 @pytest.mark.parametrize(
     ("data", "names"),
     [
@@ -55,6 +62,16 @@ def test_url_only_engine_is_enough():
         ),
         ({"engines": [{"url": "http://a"}, {"url": "http://a"}]}, "unique"),
         ({"engines": [{"url": "http://a"}], "extra_top": 1}, "extra_top: unknown key"),
+        ({"engines": [{"url": "http://a", "kv_events": "tcp://*:5557"}]}, "engines.0.kv_events"),
+        ({"engines": [{"url": "http://a", "kv_events": "http://a:1"}]}, "engines.0.kv_events"),
+        ({"engines": [{"url": "http://a", "kv_events": "tcp://a"}]}, "engines.0.kv_events"),
+        (
+            {
+                "engines": [{"url": "http://a", "kv_events": "tcp://a:5557"}],
+                "prefix_cache": {"index_entries": 0},
+            },
+            "prefix_cache.index_entries > 0",
+        ),
     ],
 )
 def test_bad_config_names_the_key(data, names):

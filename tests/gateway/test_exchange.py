@@ -112,7 +112,9 @@ def desk(answers: dict[str, Scripted]) -> Desk:
         for name, url, blocks in (("a", "http://a", 2049), ("b", "http://b", 1025))
     ]
     pool = EnginePool(specs)
-    store = InMemoryStore(Router(["most_free_blocks"]), random.Random(0))
+    # The store's clock stands still: a token bucket refilling between a charge and the
+    # reading of it (one token per 6 ms at this TPM) would make the exact counts below racy.
+    store = InMemoryStore(Router(["most_free_blocks"]), random.Random(0), clock=lambda: 1000.0)
     scheduler = Scheduler(
         store=store,
         pool=pool,
@@ -324,3 +326,53 @@ async def test_adaptive_reservations_follow_the_engines_preemptions() -> None:
     await run(d.exchanges.start("completion", "r1"), body())
     assert steer.quantile > start  # more is reserved now
     await assert_nothing_held(d)
+
+
+def responses_body(previous: str | None = None) -> bytes:
+    raw: dict[str, object] = {"model": MODEL, "input": "and then?", "max_output_tokens": 20}
+    if previous is not None:
+        raw["previous_response_id"] = previous
+    return json.dumps(raw).encode()
+
+
+async def respond(d: Desk, raw: bytes) -> tuple[str, int]:
+    """One Responses request; the engine it went to and the prompt tokens it was counted at."""
+    exchange = d.exchanges.start("responses", "r", "/v1/responses")
+    try:
+        answer = await exchange.open(TENANT, parse_body(raw, "responses"), raw)
+        async for _ in exchange.relay():
+            pass
+    finally:
+        await exchange.settle()
+    return answer.engine, answer.prompt_tokens
+
+
+async def test_previous_response_id_goes_back_to_the_engine_that_stored_it() -> None:
+    stored = {"id": "resp_abc", "object": "response", "usage": {"total_tokens": 321}}
+    answers = {
+        "http://a": Scripted(200, [json.dumps(stored).encode()]),
+        "http://b": Scripted(200, [json.dumps({**stored, "id": "resp_xyz"}).encode()]),
+    }
+    d = desk(answers)
+    first, counted = await respond(d, responses_body())
+    assert first == "a" and d.engines.sent[-1][1] == "/v1/responses"
+    again, with_history = await respond(d, responses_body("resp_abc"))
+    assert again == "a"
+    # The stored conversation the engine prepends counts: that response's total tokens.
+    assert with_history == counted + 321
+    # An id the gateway never saw is routed as any request, and counted without history.
+    _, unknown = await respond(d, responses_body("resp_never_seen"))
+    assert unknown == counted
+    await assert_nothing_held(d)
+
+
+async def test_a_stored_response_pins_even_when_another_engine_has_more_room() -> None:
+    d = desk(
+        {
+            "http://a": Scripted(200, [b'{"id": "resp_on_a", "usage": {"total_tokens": 5}}']),
+            "http://b": Scripted(200, [b'{"id": "resp_on_b", "usage": {"total_tokens": 5}}']),
+        }
+    )
+    d.service.responses.remember("resp_on_b", "b", 5)
+    engine, _ = await respond(d, responses_body("resp_on_b"))
+    assert engine == "b"  # "a" has twice the free blocks, "b" holds the response

@@ -184,7 +184,8 @@ def test_valid_unicode_and_unknown_fields_pass():
     assert parse_body(raw.encode(), "chat").messages == [{"role": "user", "content": "x"}]
     assert parse_body(nested(64), "chat").model == "m"
     assert parse_body(nested(65), "chat", max_depth=65).model == "m"
-    many = json.dumps(chat(tools=[{"a": [{}]}] * 500)).encode()  # wide, not deep
+    tool = {"type": "function", "function": {"name": "f", "parameters": {"a": [{}]}}}
+    many = json.dumps(chat(tools=[tool] * 500)).encode()  # wide, not deep
     assert parse_body(many, "chat").model == "m"
     parts = [{"type": "text", "text": "a"}, {"type": "image_url", "image_url": {"url": "u"}}]
     assert parse_body(body(model="m", messages=[{"role": "u", "content": parts}]), "chat")

@@ -130,3 +130,59 @@ async def test_a_queue_entry_whose_answer_was_lost_is_removed():
         await sched.admit(ask(8))
     assert await store.queue_length() == 0
     await sched.release(held)
+
+
+async def test_a_waiter_past_half_its_wait_takes_no_staged_slot() -> None:
+    # One slot and one staged. A waiter past half of max_wait_s would wait inside the engine
+    # behind the running sequence: it waits in the line for the slot itself instead.
+    now = [0.0]
+    store = InMemoryStore(Router(), random.Random(0), clock=lambda: now[0])
+    one = EngineSpec("e", "http://e", frozenset({"m"}), 11, 16, 1, 2048)
+    sched = Scheduler(
+        store=store,
+        pool=EnginePool([one], staged_seqs=1),
+        kv_ceiling=1.0,
+        max_length=10,
+        max_wait_s=10.0,
+        retry_fallback_s=1.0,
+        rate=ReleaseRate(10.0),
+        clock=lambda: now[0],
+    )
+    running = await sched.admit(ask(2))
+    staged = await sched.admit(ask(2))  # a newcomer may be staged
+    waiter = asyncio.ensure_future(sched.admit(ask(2)))
+    await asyncio.sleep(0.05)
+    assert not waiter.done()  # both slots taken
+    now[0] = 6.0  # past half of its 10 s
+    await sched.release(staged)  # a staged slot is free, the running sequence is not
+    await asyncio.sleep(0.4)  # a change notice and a poll
+    assert not waiter.done()
+    await sched.release(running)
+    lease = await asyncio.wait_for(waiter, 2.0)
+    assert isinstance(lease, Lease)
+    await sched.release(lease)
+
+
+async def test_a_cancelled_waiter_leaves_the_line_at_once():
+    """In-process, a waiter's entry lives exactly as long as its waiting request (the
+    process that owns it is the store's): a client that leaves takes its entry along, so
+    it blocks nobody behind it, whatever its `max_wait_s`."""
+    store = SlowAnswers(delay_s=0.0)
+    sched = scheduler(store)
+    sched.max_wait_s = 600.0
+    held = await sched.admit(ask(8))
+    gone = asyncio.ensure_future(sched.admit(ask(8)))
+    await store.took_effect["enqueue"].wait()
+    store.took_effect["enqueue"].clear()
+    behind = asyncio.ensure_future(sched.admit(ask(2)))
+    await store.took_effect["enqueue"].wait()
+    assert await store.queue_length() == 2
+    gone.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await gone
+    # Admitted at once (2 blocks are free and nobody is ahead now), without any release.
+    lease = await asyncio.wait_for(behind, 5.0)
+    assert await store.queue_length() == 0
+    await sched.release(lease)
+    await sched.release(held)
+    assert await store.loads() == {}

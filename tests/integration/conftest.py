@@ -63,7 +63,14 @@ class Gateway:
 
 
 @contextlib.asynccontextmanager
-async def gateway_over(sims: list[SimConfig], **overrides: Any) -> AsyncIterator[Gateway]:
+async def gateway_over(
+    sims: list[SimConfig],
+    *,
+    engine_settings: list[dict[str, Any]] | None = None,
+    **overrides: Any,
+) -> AsyncIterator[Gateway]:
+    """A gateway over one simulated engine per config; `engine_settings[i]` adds keys to the
+    i-th engine's entry, `overrides` replace top-level sections."""
     async with contextlib.AsyncExitStack() as stack:
         engines = []
         for i, sim in enumerate(sims):
@@ -71,7 +78,12 @@ async def gateway_over(sims: list[SimConfig], **overrides: Any) -> AsyncIterator
             engines.append(Engine(await stack.enter_async_context(running_app(app)), app))
         raw: dict[str, Any] = {
             "engines": [
-                {"name": f"e{i}", "url": e.url, "max_num_seqs": sims[i].max_num_seqs}
+                {
+                    "name": f"e{i}",
+                    "url": e.url,
+                    "max_num_seqs": sims[i].max_num_seqs,
+                    **(engine_settings[i] if engine_settings else {}),
+                }
                 for i, e in enumerate(engines)
             ],
             "models": [{"name": "tiny", "tokenizer": "hf:@tiny"}],

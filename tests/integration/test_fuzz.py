@@ -26,10 +26,20 @@ from hypothesis import HealthCheck, given, seed, settings
 from hypothesis import strategies as st
 
 from gateway.harness import GatewayProcess, SimProcess
+from tests.media.images import data_url, image_bytes
 
 FUZZ_EXAMPLES = int(os.environ.get("KVGW_FUZZ_EXAMPLES", "1100"))
 FUZZ_SEED = os.environ.get("KVGW_FUZZ_SEED")
-PATHS = {"chat": "/v1/chat/completions", "completion": "/v1/completions"}
+PATHS = {
+    "chat": "/v1/chat/completions",
+    "completion": "/v1/completions",
+    "embeddings": "/v1/embeddings",
+    "tokenize": "/tokenize",
+    "detokenize": "/detokenize",
+    "score": "/score",
+    "rerank": "/rerank",
+    "responses": "/v1/responses",
+}
 
 # ---- strategies over the request schemas ----------------------------------------------------
 
@@ -54,14 +64,73 @@ any_json = st.recursive(
 clean_text = st.text(st.characters(exclude_categories=["Cs"]), max_size=40)
 token_ids = st.lists(st.integers(0, 500), min_size=1, max_size=12)
 text_part = st.fixed_dictionaries({"type": st.just("text"), "text": clean_text})
+PNG = data_url(image_bytes(64, 48))
+image_url = st.one_of(
+    clean_text,
+    st.just(PNG),
+    st.just("http://images.invalid/a.png"),  # counted at the worst case: never fetched
+    st.builds(lambda s: "data:image/png;base64," + s, clean_text),  # broken base64
+    st.just(data_url(b"GIF89a truncated")),
+)
 image_part = st.fixed_dictionaries(
-    {"type": st.just("image_url"), "image_url": st.fixed_dictionaries({"url": clean_text})}
+    {"type": st.just("image_url"), "image_url": st.fixed_dictionaries({"url": image_url})}
+)
+other_part = st.one_of(
+    st.fixed_dictionaries(
+        {"type": st.just("video_url"), "video_url": st.fixed_dictionaries({"url": clean_text})}
+    ),
+    st.fixed_dictionaries({"type": st.sampled_from(["hologram", "image_embeds", "thinking"])}),
+    st.fixed_dictionaries({"type": st.just("refusal"), "refusal": clean_text}),
 )
 message = st.fixed_dictionaries(
     {
-        "role": st.sampled_from(["system", "user", "assistant"]),
-        "content": st.one_of(clean_text, st.lists(st.one_of(text_part, image_part), max_size=3)),
-    }
+        "role": st.sampled_from(["system", "user", "assistant", "tool", "developer"]),
+        "content": st.one_of(
+            clean_text,
+            st.none(),
+            st.lists(st.one_of(text_part, text_part, image_part, other_part), max_size=3),
+        ),
+    },
+    optional={
+        "tool_calls": st.lists(
+            st.fixed_dictionaries(
+                {
+                    "id": clean_text,
+                    "type": st.just("function"),
+                    "function": st.fixed_dictionaries(
+                        {
+                            "name": clean_text,
+                            "arguments": st.one_of(clean_text, st.just('{"a": 1}')),
+                        }
+                    ),
+                }
+            ),
+            max_size=2,
+        ),
+        "name": clean_text,
+    },
+)
+json_schema = st.recursive(
+    st.fixed_dictionaries({"type": st.sampled_from(["string", "integer", "number", "boolean"])}),
+    lambda inner: st.fixed_dictionaries(
+        {"type": st.just("object"), "properties": st.dictionaries(clean_text, inner, max_size=3)},
+        optional={"required": st.lists(clean_text, max_size=2)},
+    ),
+    max_leaves=6,
+)
+tool = st.fixed_dictionaries(
+    {
+        "type": st.just("function"),
+        "function": st.fixed_dictionaries(
+            {"name": clean_text},
+            optional={
+                "description": st.one_of(st.none(), clean_text),
+                "parameters": st.one_of(st.none(), json_schema),
+                "strict": st.one_of(st.none(), st.booleans()),
+            },
+        ),
+    },
+    optional={"defer_loading": st.booleans()},
 )
 # The fields every body may carry, with valid values: the gateway reads the first five; the
 # others are a few of OpenAI's and vLLM's extensions, passed through.
@@ -76,10 +145,85 @@ optional = {
     "ignore_eos": st.booleans(),
     "stop": st.lists(clean_text, max_size=2),
 }
+chat_optional = {
+    **optional,
+    "tools": st.lists(tool, min_size=1, max_size=3),
+    "tool_choice": st.sampled_from(["none", "auto", "required"]),
+    "chat_template_kwargs": st.fixed_dictionaries(
+        {}, optional={"enable_thinking": st.booleans(), "documents": st.just([{"text": "d"}])}
+    ),
+    "documents": st.lists(
+        st.fixed_dictionaries({"title": clean_text, "text": clean_text}), max_size=2
+    ),
+    "add_generation_prompt": st.booleans(),
+    "continue_final_message": st.booleans(),
+    "reasoning_effort": st.sampled_from(["none", "low", "high"]),
+    "mm_processor_kwargs": st.fixed_dictionaries(
+        {}, optional={"min_pixels": st.integers(1, 10**6), "max_pixels": st.integers(1, 10**7)}
+    ),
+}
+inputs = st.one_of(
+    clean_text,
+    st.lists(clean_text, min_size=1, max_size=3),
+    token_ids,
+    st.lists(token_ids, min_size=1, max_size=3),
+)
 valid = {
     "chat": st.fixed_dictionaries(
         {"model": st.just("tiny"), "messages": st.lists(message, min_size=1, max_size=3)},
-        optional=optional,
+        optional=chat_optional,
+    ),
+    "embeddings": st.one_of(
+        st.fixed_dictionaries({"model": st.just("tiny"), "input": inputs}),
+        st.fixed_dictionaries(
+            {"model": st.just("tiny"), "messages": st.lists(message, min_size=1, max_size=2)}
+        ),
+    ),
+    "tokenize": st.one_of(
+        st.fixed_dictionaries({"model": st.just("tiny"), "prompt": clean_text}),
+        st.fixed_dictionaries(
+            {"model": st.just("tiny"), "messages": st.lists(message, min_size=1, max_size=2)},
+            optional={"tools": st.lists(tool, min_size=1, max_size=2)},
+        ),
+    ),
+    "detokenize": st.fixed_dictionaries({"model": st.just("tiny"), "tokens": token_ids}),
+    "score": st.fixed_dictionaries(
+        {
+            "model": st.just("tiny"),
+            "queries": st.one_of(clean_text, st.lists(clean_text, min_size=1, max_size=2)),
+            "documents": st.lists(clean_text, min_size=1, max_size=3),
+        }
+    ),
+    "rerank": st.fixed_dictionaries(
+        {
+            "model": st.just("tiny"),
+            "query": clean_text,
+            "documents": st.lists(clean_text, min_size=1, max_size=3),
+        }
+    ),
+    "responses": st.fixed_dictionaries(
+        {
+            "model": st.just("tiny"),
+            "input": st.one_of(
+                clean_text,
+                st.lists(
+                    st.fixed_dictionaries(
+                        {"role": st.sampled_from(["user", "system"]), "content": clean_text}
+                    ),
+                    min_size=1,
+                    max_size=2,
+                ),
+            ),
+        },
+        optional={
+            "instructions": clean_text,
+            "max_output_tokens": st.integers(1, 24),
+            "previous_response_id": clean_text,
+            "tools": st.lists(
+                st.fixed_dictionaries({"type": st.just("function"), "name": clean_text}),
+                max_size=2,
+            ),
+        },
     ),
     "completion": st.fixed_dictionaries(
         {
@@ -94,7 +238,17 @@ valid = {
         optional=optional,
     ),
 }
-FIELDS = ["model", "messages", "prompt", *optional]
+FIELDS = [
+    "model",
+    "messages",
+    "prompt",
+    "input",
+    "tokens",
+    "queries",
+    "documents",
+    "query",
+    *chat_optional,
+]
 
 
 @st.composite
@@ -102,7 +256,7 @@ def requests(draw: st.DrawFn) -> tuple[str, bytes]:
     """A path and raw body bytes: a body valid by the schema, then (most of the time) made
     hostile — fields replaced by any JSON or removed, unknown fields added, nested deep,
     wrapped, cut short or corrupted."""
-    kind = draw(st.sampled_from(["chat", "completion"]))
+    kind = draw(st.sampled_from([*(["chat", "completion"] * 3), *list(PATHS)[2:]]))
     body: dict[str, Any] = draw(valid[kind])
     if body.get("stream_options") and not body.get("stream"):
         del body["stream_options"]  # valid means valid: vLLM refuses the pair
@@ -156,6 +310,45 @@ def corpus() -> Iterator[tuple[str, bytes]]:
     yield completion, b'{"model": "tiny", "prompt": "x", "model": 5}'
     yield chat, b'{"model": "tiny", "messages": [{"role": "user", "content": [null, 1]}]}'
     yield chat, b'{"model": "tiny", "messages": [{"role": "user", "content": [{"type": 1}]}]}'
+    msg = [{"role": "user", "content": "x"}]
+    for extra in (
+        {"tools": []},
+        {"tools": [{"type": "function", "function": {}}]},
+        {"tools": [{"type": "function", "function": {"name": "f", "parameters": []}}]},
+        {"tools": "all of them"},
+        {"chat_template": "{% for %}"},
+        {"chat_template_kwargs": {"tools": 5}},
+        {"chat_template_kwargs": {"chat_template": "{{ x }}"}},
+        {"documents": "not a list"},
+        {"continue_final_message": True},
+        {"continue_final_message": True, "add_generation_prompt": True},
+        {"add_generation_prompt": "yes"},
+        {"reasoning_effort": "extreme"},
+        {"mm_processor_kwargs": [1]},
+    ):
+        yield chat, json.dumps({"model": "tiny", "messages": msg, **extra}).encode()
+    for url in (
+        "data:image/png;base64,####",
+        "data:image/png;base64,",
+        "data:,",
+        "file:///etc/passwd",
+    ):
+        part = {"type": "image_url", "image_url": {"url": url}}
+        body = {"model": "tiny", "messages": [{"role": "user", "content": [part]}]}
+        yield chat, json.dumps(body).encode()
+    huge = data_url(image_bytes(3000, 2))  # beyond Qwen's aspect-ratio limit
+    body = {
+        "model": "tiny",
+        "messages": [
+            {"role": "user", "content": [{"type": "image_url", "image_url": {"url": huge}}]}
+        ],
+    }
+    yield chat, json.dumps(body).encode()
+    yield PATHS["score"], b'{"model": "tiny", "queries": ["a", "b"], "documents": ["c", "d", "e"]}'
+    yield PATHS["rerank"], b'{"model": "tiny", "query": {"image": 1}, "documents": []}'
+    yield PATHS["embeddings"], b'{"model": "tiny", "input": []}'
+    yield PATHS["tokenize"], b'{"prompt": "no model"}'
+    yield PATHS["responses"], b'{"model": "tiny", "input": [{"type": "message", "role": 5}]}'
     yield chat, b""
     yield chat, b"null"
     yield chat, b"\x00" * 64
@@ -189,7 +382,13 @@ def fuzzed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]
     ).start()
     config = {
         "engines": [{"name": "e0", "url": engine.url, "max_num_seqs": 32}],
-        "models": [{"name": "tiny", "tokenizer": "hf:@tiny"}],
+        "models": [
+            {
+                "name": "tiny",
+                "tokenizer": "hf:@tiny",
+                "media": {"family": "qwen2_vl", "max_pixels": 64 * 784, "worst_case": {"video": 8}},
+            }
+        ],
         "queue": {"max_wait_s": 5},
     }
     gateway = GatewayProcess(config, workdir, log_level="info")

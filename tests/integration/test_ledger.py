@@ -7,6 +7,7 @@ import time
 from typing import Any
 
 import httpx
+import pytest
 
 from tests.integration.conftest import FAST, Gateway, gateway_over
 
@@ -34,8 +35,10 @@ async def wait_until(predicate: Any, within_s: float, what: str) -> None:
 
 async def test_slots_given_back_are_reused_before_the_next_scrape() -> None:
     # Scrapes every 3 s: a slot the gateway's own request gave back must not wait for one.
+    # 150 tokens at 40 ms a step: the four run together for 6 s, so some scrape sees them all.
     health = {"scrape_interval_s": 3.0}
-    async with gateway_over([SLOW], health=health) as gw, httpx.AsyncClient(timeout=30) as http:
+    slower = dataclasses.replace(SLOW, decode_ms_base=40.0)
+    async with gateway_over([slower], health=health) as gw, httpx.AsyncClient(timeout=30) as http:
         first = [
             asyncio.create_task(http.post(gw.url + "/v1/completions", json=body(150)))
             for _ in range(4)
@@ -59,9 +62,16 @@ async def test_slots_given_back_are_reused_before_the_next_scrape() -> None:
         assert status["foreign"] == {"seqs": 0, "blocks": 0}
 
 
-async def test_a_direct_clients_load_is_counted_once_and_only_what_is_left_is_admitted() -> None:
+@pytest.mark.parametrize("staged", [0, 1])
+async def test_a_direct_clients_load_is_counted_once_and_only_what_is_left_is_admitted(
+    staged: int,
+) -> None:
     health = {"scrape_interval_s": 0.2}
-    async with gateway_over([SLOW], health=health) as gw, httpx.AsyncClient(timeout=60) as http:
+    admission = {"staged_seqs": staged}
+    async with (
+        gateway_over([SLOW], health=health, admission=admission) as gw,
+        httpx.AsyncClient(timeout=60) as http,
+    ):
         engine_url = gw.engines[0].url
         # A direct client holds 2 of the 4 slots and ceil((4 + 300) / 16) = 19 blocks each.
         direct = [
@@ -89,9 +99,9 @@ async def test_a_direct_clients_load_is_counted_once_and_only_what_is_left_is_ad
             await asyncio.sleep(0.01)
         assert [r.status_code for r in await asyncio.gather(*gated)] == [200, 200, 200]
         await asyncio.gather(*direct)
-        # Never more than what the direct client left, although the gateway's own ledger was
-        # empty: the third request waited for a slot.
-        assert peak == 2
+        # Never more than what the direct client left (and the staged slot), although the
+        # gateway's own ledger was empty: the third request waited for a slot.
+        assert peak == 2 + staged
         snap = gw.engines[0].sim.engine.snapshot()
         assert snap.num_preemptions == 0 and snap.peak_running <= SLOW.max_num_seqs
 

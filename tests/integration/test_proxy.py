@@ -238,6 +238,6 @@ async def test_a_request_the_engine_refuses_to_count_is_400_not_502():
         )
         assert r.status_code == 400, r.text
         error = r.json()["error"]
-        assert error["param"] == "messages" and "image_url" in error["message"]
+        assert error["param"] == "messages" and "multimodal" in error["message"]
         assert "127.0.0.1" not in error["message"]  # the engine's address stays private
         assert all(e["reserved_blocks"] == 0 for e in (await gw.status())["engines"])

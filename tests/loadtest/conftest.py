@@ -42,6 +42,8 @@ def gateway(sim: SimProcess) -> Iterator[GatewayProcess]:
         "engines": [{"name": "e0", "url": sim.url, "max_num_seqs": 4}],
         "models": [{"name": "tiny", "tokenizer": "hf:@tiny"}],
         "queue": {"max_length": 2, "max_wait_s": 10},
+        # max_num_seqs 4 is a cap below the engine's 64: nothing staged beyond it.
+        "admission": {"staged_seqs": 0},
     }
     with GatewayProcess(config) as process:
         yield process

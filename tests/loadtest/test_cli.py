@@ -35,6 +35,7 @@ REPO = Path(__file__).resolve().parents[2]
         (["--target", "{sim}", "--requests", "2", "--api-key-env", "NO_SUCH_VAR_9"], "not set"),
         (["--target", "{sim}", "--requests", "2", "--model", "gpt-9"], "does not serve model"),
         (["--target", "{sim}", "--requests", "2", "--input-len", "5"], "shorter than"),
+        (["--target", "{sim}", "--requests", "2", "--turn-input-len", "8"], "give --turns"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(

@@ -33,6 +33,55 @@ def test_compare_spec() -> None:
     assert spec.rates == ["0.5x", "1x", "2x"]
 
 
+def test_prefix_compare_spec_and_workload() -> None:
+    parser = argparse.ArgumentParser()
+    options.add_workload_arguments(parser)
+    compare.add_arguments(parser)
+    args = parser.parse_args(
+        ["--spec", str(LOADTEST / "compare-prefix.yaml"), "--workload",
+         str(LOADTEST / "prefix-chat.yaml"), "--rate", "4", "--requests", "10"]
+    )  # fmt: skip
+    spec = compare.read_spec(args)
+    assert [t.name for t in spec.targets] == [
+        "direct", "gw-most-free-blocks", "gw-most-free-after", "gw-mfa-w1", "gw-mfa-w16"
+    ]  # fmt: skip
+    routing = [(t.gateway or {}).get("routing", {}) for t in spec.targets]
+    weights = [r.get("cached_block_weight") for r in routing]
+    assert weights == [None, None, 4, 1, 16]
+    assert spec.engines is not None and spec.engines["count"] == 4
+    assert spec.engines["flags"]["prefill_ms_per_token"] >= 0.2
+    assert spec.gateway["admission"]["reservation"] == "worst_case"
+    sessions, one_off = options.run_config(args, "tiny", 2560).tenants
+    assert (sessions.shape.turns, sessions.shape.prefix_tokens) == (4, 1024)
+    assert sessions.shape.turn_input_len is not None and one_off.shape.prefix_groups == 0
+    assert sessions.arrivals == one_off.arrivals == Rate(4.0)
+
+
+@pytest.mark.parametrize(
+    ("only", "names"),
+    [
+        ("gw-most-free-after,direct", ["gw-most-free-after", "direct"]),  # in the order given
+        ("gw-most-free-blocks", ["gw-most-free-blocks"]),
+        ("direct,nope", None),
+        (",", None),
+    ],
+)
+def test_compare_only(only: str, names: list[str] | None) -> None:
+    args = argparse.Namespace(
+        spec=LOADTEST / "compare-prefix.yaml",
+        target=[],
+        rates=None,
+        order=None,
+        capacity_requests=None,
+        only=only,
+    )
+    if names is None:
+        with pytest.raises(ValueError, match="--only: unknown target"):
+            compare.read_spec(args)
+    else:
+        assert [t.name for t in compare.read_spec(args).targets] == names
+
+
 @pytest.mark.parametrize(
     ("name", "kind", "tenants"),
     [("mooncake-sample.jsonl", "mooncake", ()), ("two-tenants.csv", "csv", ("batch", "chat"))],
@@ -51,3 +100,14 @@ def test_tenants_file(monkeypatch: pytest.MonkeyPatch) -> None:
     tenants = options.read_tenants(args.workload, args, None, 10)
     assert [(t.name, t.api_key) for t in tenants] == [("chat", "sk-chat"), ("batch", "sk-batch")]
     assert tenants[0].arrivals == Rate(3.0) and tenants[1].concurrency == 4
+
+
+def test_the_fairness_scenario_file(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("QUIET_KEY", "sk-quiet")
+    monkeypatch.setenv("FLOOD_KEY", "sk-flood")
+    parser = argparse.ArgumentParser()
+    options.add_workload_arguments(parser)
+    args = parser.parse_args(["--workload", str(LOADTEST / "quiet-vs-flood.yaml")])
+    quiet, flood = options.read_tenants(args.workload, args, None, 10)
+    assert (quiet.name, flood.name) == ("quiet", "flood")
+    assert flood.arrivals == Rate(10 * quiet.arrivals.rate)  # type: ignore[union-attr]

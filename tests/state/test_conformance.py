@@ -75,6 +75,23 @@ async def test_refuses_when_blocks_or_seqs_run_out(store):
         await store.release(lease)
 
 
+async def test_staged_slots_admit_beyond_max_num_seqs(store):
+    # Two slots and one staged: three sequences on the engine, the fourth waits.
+    a = spec("a", blocks=11, seqs=2)
+
+    def staged_ask() -> AdmissionAsk:
+        view = EngineView(a, EngineLoad(), staged_seqs=1)
+        cand = Candidate(view, Footprint(1, 1, 16))
+        return AdmissionAsk(lease_id=f"lease-{next(_ids)}", candidates=(cand,), kv_ceiling=1.0)
+
+    held = [await store.try_admit(staged_ask()) for _ in range(3)]
+    assert all(isinstance(h, Lease) for h in held)
+    assert await store.try_admit(staged_ask()) == Refusal("no_capacity")
+    assert await store.try_admit(ask(a, blocks=1)) == Refusal("no_capacity")  # unstaged: 2
+    for lease in held:
+        await store.release(lease)
+
+
 async def test_ceiling_and_health_respected(store):
     a = spec("a", blocks=11)
     assert isinstance(await store.try_admit(ask(a, blocks=6, ceiling=0.5)), Refusal)  # 5 of 10
@@ -140,6 +157,9 @@ async def test_queue_bound_and_idempotent_dequeue(store):
 async def test_release_by_id_and_wait_for_change(store):
     a = spec("a")
     lease = await store.try_admit(ask(a, blocks=2))
+    # Notices are for waiters, and a waiter has an entry in the line.
+    waiting = ask(a, blocks=20)
+    assert await store.enqueue(entry(waiting, {"a"}, 20), max_length=10) == "queued"
     # A change notice may come early (the admission's own, on Redis): the contract is "may have
     # changed". Wait until a waiter stays put, then check that the release wakes it.
     for _ in range(20):
@@ -152,6 +172,7 @@ async def test_release_by_id_and_wait_for_change(store):
     assert await store.release(Lease(id=lease.id, engine="", blocks=0, seqs=0)) is True
     await asyncio.wait_for(waiter, 2.0)  # woken by the release, not by the timeout
     assert (await store.loads()).get("a", EngineLoad()) == EngineLoad()
+    await store.dequeue(waiting.lease_id)
 
 
 # ---- tenants ---------------------------------------------------------------------------

@@ -23,12 +23,14 @@ async def admit(store, a, tenant, blocks, **kwargs):
 async def test_a_tenant_above_its_share_leaves_headroom_for_the_others(store_with):
     store = store_with(headroom=0.2, active_window_s=0.05)
     a = spec("a", blocks=101, seqs=100)
-    held = [await admit(store, a, QUIET, 10), await admit(store, a, NOISY, 60)]
-    await asyncio.sleep(0.3)  # noisy's recent usage reaches 60 (above its share of 50)
-    # 15 more would leave 15 free, below 20 % of the engine: it waits (not a 429).
-    assert await store.try_admit(tenant_ask(a, NOISY, blocks=15)) == Refusal("no_capacity")
-    held.append(await admit(store, a, NOISY, 10))  # leaves exactly 20 free
-    held.append(await admit(store, a, QUIET, 15))  # within its share: takes the headroom
+    held = [await admit(store, a, QUIET, 10), await admit(store, a, NOISY, 55)]
+    await asyncio.sleep(0.3)  # noisy's recent usage reaches 55 (above its share of 50)
+    # 25 more would leave 10 free, below 20 % of the engine: it waits (not a 429).
+    assert await store.try_admit(tenant_ask(a, NOISY, blocks=25)) == Refusal("no_capacity")
+    # 10 more would leave 25 free, above 20 %, but the quiet tenant lacks 40 of its share:
+    # the pool keeps that for it.
+    assert await store.try_admit(tenant_ask(a, NOISY, blocks=10)) == Refusal("no_capacity")
+    held.append(await admit(store, a, QUIET, 35))  # within its share: fits at once
     await release_all(store, held)
 
 
@@ -86,3 +88,19 @@ async def test_a_tenant_within_its_share_passes_entries_waiting_for_headroom(sto
     assert await store.try_admit(later) == Refusal("queued_ahead")
     await store.dequeue(waiting.lease_id)
     await release_all(store, held)
+
+
+async def test_a_flooder_leaves_the_last_places_of_the_line_to_the_others(store_with):
+    store = store_with(headroom=0.2, active_window_s=30)
+    a = spec("a", blocks=11, seqs=100)
+    hog = await admit(store, a, QUIET, 10)  # the engine is full: everyone queues
+    noisy = [tenant_ask(a, NOISY, blocks=5) for _ in range(9)]
+    verdicts = [await store.enqueue(queue_entry(x, NOISY), max_length=10) for x in noisy]
+    # Above its share (5 of 10 places), the flooder may not take the last 2 (20 %).
+    assert verdicts == ["queued"] * 8 + ["queue_full"]
+    quiet = [tenant_ask(a, QUIET, blocks=5) for _ in range(3)]
+    verdicts = [await store.enqueue(queue_entry(x, QUIET), max_length=10) for x in quiet]
+    assert verdicts == ["queued", "queued", "queue_full"]  # the line is full now
+    for x in noisy[:8] + quiet[:2]:
+        await store.dequeue(x.lease_id)
+    await release_all(store, [hog])

@@ -232,6 +232,9 @@ async def test_a_lease_released_during_its_renewal_is_not_left_behind(replicas, 
 async def test_a_waiter_on_one_replica_wakes_on_a_release_on_another(replicas):
     one, other = replicas("one"), replicas("other")
     lease = await one.try_admit(ask(spec("a"), blocks=2))
+    waiting = ask(spec("a"), blocks=20)  # notices are for waiters: one waits in the line
+    entry = QueueEntry(waiting.lease_id, DEFAULT_TENANT, frozenset({"a"}), 20, 30.0)
+    assert await other.enqueue(entry, 10) == "queued"
     await other.wait_for_change(0.2)  # starts its listener (and returns on its first notice)
     await asyncio.sleep(0.1)
     waiter = asyncio.create_task(other.wait_for_change(30.0))
@@ -243,6 +246,7 @@ async def test_a_waiter_on_one_replica_wakes_on_a_release_on_another(replicas):
     await one.release(lease)
     await asyncio.wait_for(waiter, 10.0)
     assert time.monotonic() - started < 5  # woken by pub/sub, not by the 30 s timeout
+    await other.dequeue(waiting.lease_id)
 
 
 async def test_fair_line_is_shared_by_replicas(replicas):
@@ -259,6 +263,66 @@ async def test_fair_line_is_shared_by_replicas(replicas):
     got = await one.try_admit(first)
     assert isinstance(got, Lease)
     assert await one.release(got) is True
+
+
+async def test_a_dead_replicas_waiters_leave_the_line_within_ttl(replicas):
+    """A waiting entry is owned by its replica and kept alive like a lease: when the replica
+    dies its entries stop blocking the line and stop counting towards `max_length` within
+    `lease_ttl_s`, however long their `max_wait_s`."""
+    ttl = 1.0
+    doomed = replicas("doomed", lease_ttl_s=ttl)
+    survivor = replicas("survivor", lease_ttl_s=ttl)
+    a = spec("a", blocks=11)
+    waiting = [ask(a, blocks=4) for _ in range(3)]
+    for w in waiting:
+        entry = QueueEntry(w.lease_id, DEFAULT_TENANT, frozenset({"a"}), 4, 600.0)
+        assert await doomed.enqueue(entry, max_length=3) == "queued"
+    small = ask(a, blocks=1)
+    assert await survivor.try_admit(small) == Refusal("queued_ahead")
+    late = QueueEntry(small.lease_id, DEFAULT_TENANT, frozenset({"a"}), 1, 600.0)
+    assert await survivor.enqueue(late, max_length=3) == "queue_full"
+    killed_at = time.monotonic()
+    doomed.stop_renewing()  # SIGKILL as the others see it
+    while await survivor.queue_length() > 0:
+        assert time.monotonic() - killed_at < ttl + 1.0, "dead waiters outlived the TTL"
+        await asyncio.sleep(0.02)
+    assert await survivor.enqueue(late, max_length=3) == "queued"
+    got = await survivor.try_admit(replace(small, queued=True))
+    assert isinstance(got, Lease)
+    assert await survivor.release(got) is True
+
+
+async def test_a_live_replicas_waiters_are_renewed_but_never_past_their_wait(replicas):
+    store = replicas("replica-a", lease_ttl_s=0.4)
+    a = spec("a", blocks=11)
+    patient, brief = ask(a, blocks=4), ask(a, blocks=4)
+    for w, wait in ((patient, 600.0), (brief, 0.6)):
+        entry = QueueEntry(w.lease_id, DEFAULT_TENANT, frozenset({"a"}), 4, wait)
+        assert await store.enqueue(entry, max_length=10) == "queued"
+    await asyncio.sleep(1.4)  # three TTLs and more: renewed every TTL/3
+    assert await store.queue_length() == 1  # `brief` reached its max_wait_s, renewed or not
+    got = await store.try_admit(replace(patient, queued=True))
+    assert isinstance(got, Lease)
+    assert await store.queue_length() == 0
+    assert await store.release(got) is True
+
+
+async def test_a_small_pool_is_back_pressure_not_a_lost_redis(replicas):
+    """300 concurrent calls through a pool of 5 connections: each waits for its turn, none
+    is taken for an outage (redis-py's own pool raised MaxConnectionsError past its size)."""
+    store = replicas("replica-a", max_connections=5)
+    a = spec("a", blocks=1000, seqs=1000)
+    results = await asyncio.gather(*(store.try_admit(ask(a, blocks=1)) for _ in range(300)))
+    assert all(isinstance(r, Lease) for r in results)
+    assert not store.degraded
+    assert all(await asyncio.gather(*(store.release(r) for r in results)))
+    lanes = (store._request_lane, store._background_lane)
+    assert 0 < sum(lane.open for lane in lanes) <= 5 - 1  # and one for the listener
+
+
+def test_the_pool_must_leave_room_for_the_request_path():
+    with pytest.raises(ValueError, match="max_connections"):
+        RedisStore("redis://127.0.0.1:1/0", ["most_free_blocks"], replica_id="r", max_connections=2)
 
 
 # ---- losing Redis ----------------------------------------------------------------------

@@ -19,6 +19,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from gateway.tokens import HfTokenizer, bundled_tokenizer_path
+from gateway.tokens.chat import chat_input
 
 MODEL = "tiny"
 
@@ -58,10 +59,8 @@ def _tokenize_app(tok: HfTokenizer, state: TokenizeServer) -> Starlette:
         if body.get("model") != MODEL:
             return error(404, "NotFoundError", f"The model `{body.get('model')}` does not exist.")
         if "messages" in body:
-            rendered = tok.apply_chat_template(
-                body["messages"], add_generation_prompt=body.get("add_generation_prompt", True)
-            )
-            ids = tok.encode(rendered, add_special_tokens=False)
+            chat = chat_input(body, body["messages"])
+            ids = tok.encode(tok.render_chat(chat), add_special_tokens=chat.add_special_tokens)
         else:
             ids = tok.encode(body["prompt"])
         answer = {"count": len(ids), "max_model_len": 4096, "tokens": ids, "token_strs": None}

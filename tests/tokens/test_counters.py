@@ -19,6 +19,7 @@ from gateway.tokens import (
     bundled_tokenizer_path,
     make_counter,
 )
+from gateway.tokens.chat import ChatInput
 from gateway.tokens.protocol import count_off_loop
 from gateway.tokens.tiktoken_local import load_encoding
 from tests.tokens.conftest import MODEL, TokenizeServer
@@ -48,41 +49,44 @@ async def test_is_a_token_counter(counter: TokenCounter) -> None:
 
 
 async def test_prompt_counts_are_sane(counter: TokenCounter) -> None:
-    assert await counter.count_prompt("") == 0
-    short = await counter.count_prompt("hello world")
-    longer = await counter.count_prompt("hello world " * 50)
+    assert (await counter.count_prompt("")).count == 0
+    short = (await counter.count_prompt("hello world")).count
+    longer = (await counter.count_prompt("hello world " * 50)).count
     assert 0 < short < longer
 
 
 async def test_chat_counts_template_overhead(counter: TokenCounter) -> None:
-    text_only = sum([await counter.count_prompt(m["content"]) for m in CHAT])
-    with_priming = await counter.count_chat(CHAT)
-    without = await counter.count_chat(CHAT, add_generation_prompt=False)
+    text_only = sum([(await counter.count_prompt(m["content"])).count for m in CHAT])
+    with_priming = (await counter.count_chat(ChatInput(CHAT))).count
+    without = (await counter.count_chat(ChatInput(CHAT, add_generation_prompt=False))).count
     assert text_only < without < with_priming
-    assert await counter.count_chat([], add_generation_prompt=False) == 0
+    assert (await counter.count_chat(ChatInput([], add_generation_prompt=False))).count == 0
 
 
 async def test_large_inputs_count_the_same(counter: TokenCounter) -> None:
     # Above OFFLOAD_CHARS the local counters run in a worker thread; the answer is the same.
     unit = "The quick brown fox jumps over the lazy dog. "
     reps = OFFLOAD_CHARS // len(unit) + 10
-    small = await counter.count_prompt(unit * 10)
-    large = await counter.count_prompt(unit * reps)
+    small = (await counter.count_prompt(unit * 10)).count
+    large = (await counter.count_prompt(unit * reps)).count
     assert large > small
     big_chat = [{"role": "user", "content": unit * reps}]
-    assert await counter.count_chat(big_chat) > large
+    assert (await counter.count_chat(ChatInput(big_chat))).count > large
 
 
 @pytest.mark.parametrize("spec", [s for s in SPECS if s != "engine"])
 async def test_uncountable_content_is_a_value_error(spec: str) -> None:
-    # Local counters refuse what they cannot count; for `engine` the engine decides (its own
-    # error is passed on: see test_engine_counter).
+    # Local counters count media parts only as the service counted them (ChatInput.media):
+    # never as zero. For `engine` the engine decides (see test_engine_counter).
     counter = make_counter(spec, model=MODEL)
     image = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]
-    with pytest.raises(ChatTemplateError, match=r"messages\[0\]\.content\[0\]"):
-        await counter.count_chat(image)
+    with pytest.raises(ChatTemplateError, match=r"1 media part\(s\) but 0 counted"):
+        await counter.count_chat(ChatInput(image))
+    unknown = [{"role": "user", "content": [{"type": "hologram", "hologram": "x"}]}]
+    with pytest.raises(ChatTemplateError, match=r"messages\[0\].*'hologram'"):
+        await counter.count_chat(ChatInput(unknown))
     with pytest.raises(ValueError, match=r"messages\[1\]"):
-        await counter.count_chat([{"role": "user", "content": "x"}, "not a message"])  # type: ignore[list-item]
+        await counter.count_chat(ChatInput([{"role": "user", "content": "x"}, "not a message"]))  # type: ignore[list-item]
 
 
 # --- each counter's own arithmetic --------------------------------------------------------
@@ -91,9 +95,11 @@ async def test_uncountable_content_is_a_value_error(spec: str) -> None:
 async def test_hf_counts_are_encode_lengths(tiny: HfTokenizer) -> None:
     counter = make_counter("hf:@tiny", model=MODEL)
     for text in ["", "a", "héllo wörld", "import os\nprint(os.getcwd())\n", "x" * 40_000]:
-        assert await counter.count_prompt(text) == len(tiny.encode(text))
+        assert (await counter.count_prompt(text)).count == len(tiny.encode(text))
     rendered = tiny.apply_chat_template(CHAT)
-    assert await counter.count_chat(CHAT) == len(tiny.encode(rendered, add_special_tokens=False))
+    assert (await counter.count_chat(ChatInput(CHAT))).count == len(
+        tiny.encode(rendered, add_special_tokens=False)
+    )
 
 
 _TINY = HfTokenizer.load(bundled_tokenizer_path())
@@ -114,13 +120,15 @@ async def test_tiktoken_chat_follows_openai_recipe() -> None:
     for message in CHAT:
         expected += 3 + sum(len(enc.encode_ordinary(v)) for v in message.values())
     expected += 1  # one message has a name
-    assert await counter.count_chat(CHAT) == expected
-    assert await counter.count_chat(CHAT, add_generation_prompt=False) == expected - 3
+    assert (await counter.count_chat(ChatInput(CHAT))).count == expected
+    assert (
+        await counter.count_chat(ChatInput(CHAT, add_generation_prompt=False))
+    ).count == expected - 3
 
 
 async def test_tiktoken_treats_special_token_text_as_text() -> None:
     counter = make_counter("tiktoken:cl100k_base", model=MODEL)
-    assert await counter.count_prompt("<|endoftext|>") > 1
+    assert (await counter.count_prompt("<|endoftext|>")).count > 1
 
 
 @pytest.mark.parametrize(
@@ -135,14 +143,14 @@ async def test_tiktoken_treats_special_token_text_as_text() -> None:
     ],
 )
 async def test_estimate_is_bytes_over_ratio_rounded_up(spec: str, text: str, expected: int) -> None:
-    assert await make_counter(spec, model=MODEL).count_prompt(text) == expected
+    assert (await make_counter(spec, model=MODEL).count_prompt(text)).count == expected
 
 
 async def test_estimate_chat_overhead() -> None:
     counter = make_counter("estimate", model=MODEL)
     messages = [{"role": "user", "content": "abcdefgh"}]  # 2 + role 1 + markers 4
-    assert await counter.count_chat(messages, add_generation_prompt=False) == 7
-    assert await counter.count_chat(messages) == 10
+    assert (await counter.count_chat(ChatInput(messages, add_generation_prompt=False))).count == 7
+    assert (await counter.count_chat(ChatInput(messages))).count == 10
 
 
 async def test_count_off_loop_uses_a_thread_only_for_large_inputs() -> None:

@@ -9,6 +9,7 @@ import aiohttp
 import pytest
 
 from gateway.tokens import EngineTokenizeError, HfTokenizer, make_counter
+from gateway.tokens.chat import ChatInput
 from tests.tokens.conftest import MODEL, TokenizeServer
 
 CHAT: list[dict[str, Any]] = [
@@ -25,15 +26,25 @@ async def test_counts_equal_the_engine_tokenizer(
     )
     assert counter.name == "engine"
     prompt = "def main():\n    print('hello')\n"
-    assert await counter.count_prompt(prompt) == len(tiny.encode(prompt))
-    assert await counter.count_chat(CHAT) == tiny.count_chat(CHAT)
-    assert await counter.count_chat(CHAT, add_generation_prompt=False) == tiny.count_chat(
-        CHAT, add_generation_prompt=False
-    )
+    assert (await counter.count_prompt(prompt)).count == len(tiny.encode(prompt))
+    assert (await counter.count_chat(ChatInput(CHAT))).count == tiny.count_chat(CHAT)
+    assert (
+        await counter.count_chat(ChatInput(CHAT, add_generation_prompt=False))
+    ).count == tiny.count_chat(CHAT, add_generation_prompt=False)
     assert engine_a.bodies == [
         {"model": MODEL, "prompt": prompt},
-        {"model": MODEL, "messages": CHAT, "add_generation_prompt": True},
-        {"model": MODEL, "messages": CHAT, "add_generation_prompt": False},
+        {
+            "model": MODEL,
+            "messages": CHAT,
+            "add_generation_prompt": True,
+            "continue_final_message": False,
+        },
+        {
+            "model": MODEL,
+            "messages": CHAT,
+            "add_generation_prompt": False,
+            "continue_final_message": False,
+        },
     ]
 
 
@@ -43,7 +54,7 @@ async def test_next_url_after_connection_refused(
     counter = make_counter(
         "engine", model=MODEL, tokenize_urls=lambda: [closed_url, engine_a.url], client=client
     )
-    assert await counter.count_prompt("abc") > 0
+    assert (await counter.count_prompt("abc")).count > 0
     assert engine_a.hits == 1
 
 
@@ -54,7 +65,7 @@ async def test_next_url_after_5xx(
     counter = make_counter(
         "engine", model=MODEL, tokenize_urls=lambda: [engine_a.url, engine_b.url], client=client
     )
-    assert await counter.count_prompt("abc") > 0
+    assert (await counter.count_prompt("abc")).count > 0
     assert (engine_a.hits, engine_b.hits) == (1, 1)
 
 
@@ -77,7 +88,7 @@ async def test_all_urls_down_is_a_clear_error(
         "engine", model=MODEL, tokenize_urls=lambda: [closed_url, closed_url + "/"], client=client
     )
     with pytest.raises(EngineTokenizeError, match="no engine could count tokens") as info:
-        await counter.count_chat(CHAT)
+        await counter.count_chat(ChatInput(CHAT))
     assert len(info.value.attempts) == 2
     assert all("ClientConnectorError" in a for a in info.value.attempts)  # refused
 
@@ -146,7 +157,7 @@ async def test_a_silent_engine_times_out_and_the_next_is_asked(
             client=client,
             timeout=aiohttp.ClientTimeout(total=None, sock_connect=1.0, sock_read=1.0),
         )
-        assert await counter.count_prompt("abc") > 0
+        assert (await counter.count_prompt("abc")).count > 0
     assert engine_b.hits == 1
 
 
@@ -168,6 +179,6 @@ async def test_the_gateways_tokenize_session_reads_compressed_answers(
             client=upstream.tokenize_session(),
             timeout=upstream.tokenize_timeout,
         )
-        assert await counter.count_prompt("hello there") > 0
+        assert (await counter.count_prompt("hello there")).count > 0
     finally:
         await upstream.aclose()

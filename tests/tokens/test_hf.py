@@ -99,16 +99,19 @@ def test_none_content_renders_empty(tok: HfTokenizer) -> None:
 
 @pytest.mark.parametrize(
     "content",
-    [
-        [{"type": "image_url", "image_url": {"url": "http://x"}}],
-        [{"type": "text"}],
-        ["loose string"],
-        42,
-    ],
+    [[{"type": "hologram", "hologram": "x"}], [42], 42],
 )
-def test_uncountable_content_is_rejected(tok: HfTokenizer, content: object) -> None:
+def test_unknown_content_is_rejected(tok: HfTokenizer, content: object) -> None:
     with pytest.raises(ChatTemplateError, match=r"messages\[0\]"):
         tok.apply_chat_template([{"role": "user", "content": content}])
+
+
+def test_content_parts_render_as_vllm_joins_them(tok: HfTokenizer) -> None:
+    # vLLM: plain strings in a list are text, a text part without text is skipped, media
+    # parts of a text model render nothing (the counters count them apart: ChatInput.media).
+    content = ["loose", {"type": "text"}, {"type": "image_url", "image_url": {"url": "x"}}, "end"]
+    rendered = tok.apply_chat_template([{"role": "user", "content": content}], False)
+    assert rendered == "<|im_start|>user\nloose\nend<|im_end|>\n"
 
 
 def _write_dir(tmp_path: Path, template: object) -> Path:

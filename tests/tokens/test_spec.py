@@ -88,7 +88,13 @@ def test_hf_dir_without_tokenizer_is_rejected(tmp_path: Path) -> None:
     ],
 )
 async def test_prompt_token_counts(prompt: object, expected: list[int]) -> None:
-    assert await prompt_token_counts(make_counter("estimate", model="m"), prompt) == expected
+    counts = await prompt_token_counts(make_counter("estimate", model="m"), prompt)
+    assert [c.count for c in counts] == expected
+    # Token-id prompts are their own ids; the estimate has none for text.
+    ids = prompt if isinstance(prompt, list) and prompt and isinstance(prompt[0], list) else None
+    if isinstance(prompt, list) and prompt and isinstance(prompt[0], int):
+        ids = [prompt]
+    assert [c.ids() for c in counts] == (ids or [None] * len(counts))
 
 
 @pytest.mark.parametrize(

@@ -3,14 +3,19 @@
 --   9 max concurrency, 10 rpm, 11 tpm, 12 tenant max blocks ('' = no limit), 13 tokens,
 --   14 queued '1'/'0', 15 tie-break seed ('' = Redis TIME microseconds), 16 scorers (csv),
 --   17 the line's burst credit in blocks, 18 headroom (fraction, 0 = off), 19 the active
---   window s, 20 candidate count, then per candidate 9 values: name, capacity blocks at the
---   ceiling, max_num_seqs, foreign blocks, foreign seqs, healthy '1'/'0', need blocks,
---   need seqs, need prompt blocks.
+--   window s, 20 candidate count, 21 the cached block weight (most_free_after), then per
+--   candidate 11 values: name, capacity blocks at
+--   the ceiling, sequence slots (max_num_seqs + staged), foreign blocks, foreign seqs,
+--   healthy '1'/'0', need blocks, need seqs, need prompt blocks, its prefix (the number of
+--   a list below, 0 = none), blocks the engine is expected to cache (the replica's index);
+--   then the number of prefix lists, and each list as its length and its hashes (hex).
 --   Free capacity is what the ledger leaves after the foreign load
---   (gateway/core/types.py EngineView): capacity − reserved − foreign.
--- Reply: {'lease', engine, blocks, seqs, rpm level, tpm level, now, prompt blocks} (levels
---        after this request, '' without that limit) | {'refused', code, retry_after_s or ''}
---        | {'exists', engine, blocks, seqs, replica, prompt blocks}
+--   (gateway/core/types.py EngineView): capacity − reserved − foreign. A candidate's need
+--   is credited with the leading blocks of its prefix that live leases on its engine hold.
+-- Reply: {'lease', engine, blocks, seqs, rpm level, tpm level, now, prompt blocks, credit}
+--        (levels after this request, '' without that limit)
+--        | {'refused', code, retry_after_s or ''}
+--        | {'exists', engine, blocks, seqs, replica, prompt blocks, credit}
 local id, replica, lease_ttl = ARGV[3], ARGV[4], tonumber(ARGV[5])
 local tenant, prio, weight = ARGV[6], tonumber(ARGV[7]), tonumber(ARGV[8])
 local max_conc, rpm, tpm = opt(ARGV[9]), opt(ARGV[10]), opt(ARGV[11])
@@ -25,7 +30,7 @@ expire_queue()
 local existing = redis.call('HGET', K_LEASES, id)
 if existing then
   local l = cjson.decode(existing)
-  return finish({'exists', l.e, l.b, l.s, l.r, l.pb or 0})
+  return finish({'exists', l.e, l.b, l.s, l.r, l.pb or 0, l.c or 0})
 end
 
 local function refuse(code, retry)
@@ -55,16 +60,31 @@ end
 local scorers = {}
 for name in string.gmatch(ARGV[16], '[^,]+') do scorers[#scorers + 1] = name end
 local count = tonumber(ARGV[20])
+local cached_weight = tonumber(ARGV[21])
+local lists, at = {}, 22 + count * 11
+for j = 1, tonumber(ARGV[at]) do
+  local n, list = tonumber(ARGV[at + 1]), {}
+  for k = 1, n do list[k] = ARGV[at + 1 + k] end
+  lists[j] = list
+  at = at + 1 + n
+end
 local held = num(redis.call('HGET', K_TEN, 'k:' .. tenant))
-local engines, within, pool = {}, {}, 0
+local engines, within, pool, need = {}, {}, 0, 0
 for i = 0, count - 1 do
-  local base = 21 + i * 9
+  local base = 22 + i * 11
   local c = {
     name = ARGV[base], cap = tonumber(ARGV[base + 1]), max_seqs = tonumber(ARGV[base + 2]),
     for_b = tonumber(ARGV[base + 3]), for_s = tonumber(ARGV[base + 4]),
     healthy = ARGV[base + 5] == '1', b = tonumber(ARGV[base + 6]), s = tonumber(ARGV[base + 7]),
-    pb = tonumber(ARGV[base + 8]),
+    pb = tonumber(ARGV[base + 8]), h = lists[tonumber(ARGV[base + 9])],
+    cached = tonumber(ARGV[base + 10]), cr = 0,
   }
+  need = math.max(need, c.b) -- the headroom rule's, before credit
+  if c.h then
+    c.cr = held_prefix(c.name, c.h)
+    c.b, c.pb = c.b - c.cr, math.max(0, c.pb - c.cr)
+    c.cached = math.max(c.cached, c.cr)
+  end
   engines[c.name] = true
   pool = pool + c.cap
   if max_blocks == nil or held + c.b <= max_blocks then within[#within + 1] = c end
@@ -74,25 +94,20 @@ if count > 0 and #within == 0 then return refuse('tenant_kv_share') end
 -- Headroom (gateway/core/headroom.py): the active tenants, the others' weights.
 local rule = nil
 if headroom > 0 then
-  local weights, others = {}, 0
-  local flat = redis.call('HGETALL', K_ACT)
-  for i = 1, #flat, 2 do
-    local name = flat[i]
-    local a = activity(name)
-    local held_t = num(redis.call('HGET', K_TEN, 'k:' .. name))
-    if held_t > 0 or tenant_queued(name) > 0 or NOW - a.s <= window then
-      weights[name] = a.w
-      if name ~= tenant then others = others + a.w end
-    else
-      redis.call('HDEL', K_ACT, name) -- forgotten: the hash stays small
-    end
+  local weights, held_by = active_tenants(window)
+  local others = 0
+  for name, w in pairs(weights) do
+    if name ~= tenant then others = others + w end
   end
   if others > 0 then
     local total = weight + others
-    local need = 0
-    for i = 0, count - 1 do need = math.max(need, tonumber(ARGV[21 + i * 9 + 6])) end
     local mine = average_at(activity(tenant), held, window)
-    rule = {total = total, mine = mine}
+    -- What the other active tenants lack of their shares of the pool: kept free for them.
+    local unused = 0
+    for name, w in pairs(weights) do
+      if name ~= tenant then unused = unused + math.max(0, w * pool / total - held_by[name]) end
+    end
+    rule = {total = total, mine = mine, unused = unused}
     -- A queued entry this ask may pass: the ask stays within its share, and the entry
     -- would take its (other) tenant above its own.
     if not over_share(held, need, mine, weight, total, pool) then
@@ -114,20 +129,27 @@ if blocked(key, engines, id, rule and rule.passable) then return refuse('queued_
 
 -- Routing (gateway/core/routing.py): filter, score, then a seeded choice among ties.
 local best, ties = nil, {}
+local pool_free = 0
 for _, c in ipairs(within) do
-  local res_b = num(redis.call('HGET', K_LOAD, 'b:' .. c.name))
+  c.res_b = num(redis.call('HGET', K_LOAD, 'b:' .. c.name))
+  pool_free = pool_free + math.max(0, c.cap - c.res_b - c.for_b)
+end
+for _, c in ipairs(within) do
+  local res_b = c.res_b
   local res_s = num(redis.call('HGET', K_LOAD, 's:' .. c.name))
   local free = c.cap - res_b - c.for_b
   local running = res_s + c.for_s
   local room = true
   if rule and over_share(held, c.b, rule.mine, weight, rule.total, pool) then
-    room = free - c.b >= headroom * c.cap
+    room = free - c.b >= headroom * c.cap and pool_free - c.b >= rule.unused
   end
   if room and c.healthy and c.b <= free and c.s <= c.max_seqs - running then
     local score = {}
     for i, name in ipairs(scorers) do
       if name == 'most_free_blocks' then
         score[i] = free
+      elseif name == 'most_free_after' then
+        score[i] = free - c.b + cached_weight * c.cached -- c.cached >= c.cr
       elseif name == 'fewest_running' then
         score[i] = -running
       elseif name == 'lowest_kv_fraction' then
@@ -156,14 +178,17 @@ if best == nil then return refuse('no_capacity') end
 local chosen = ties[(seed % #ties) + 1]
 
 -- The lease, the counters, the charges.
-redis.call('HSET', K_LEASES, id, cjson.encode({
+local l = {
   e = chosen.name, b = chosen.b, s = chosen.s, pb = chosen.pb, t = tenant, k = tokens, r = replica,
   rpm = rpm, tpm = tpm, p = prio, w = weight,
-}))
+}
+if chosen.h and #chosen.h > 0 then l.h, l.c = chosen.h, chosen.cr end
+redis.call('HSET', K_LEASES, id, cjson.encode(l))
 redis.call('ZADD', K_LEXP, NOW + lease_ttl, id)
-add(K_LOAD, 'b:' .. chosen.name, chosen.b)
+local shared = l.h and hold_prefix(l.e, l.h) or 0
+add(K_LOAD, 'b:' .. chosen.name, private(l, l.b) + shared)
 add(K_LOAD, 's:' .. chosen.name, chosen.s)
-add(K_LOAD, 'p:' .. chosen.name, chosen.pb)
+add(K_LOAD, 'p:' .. chosen.name, private(l, l.pb) + shared)
 if headroom > 0 then observe(tenant, weight, held, window) end
 add(K_TEN, 'n:' .. tenant, 1)
 add(K_TEN, 'k:' .. tenant, chosen.b)
@@ -176,4 +201,4 @@ else
 end
 return finish({'lease', chosen.name, chosen.b, chosen.s,
   rpm and fmt(rpm_level - 1) or '', tpm and fmt(tpm_level - tokens) or '', fmt(NOW),
-  chosen.pb})
+  chosen.pb, chosen.cr})

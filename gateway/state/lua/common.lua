@@ -9,18 +9,22 @@
 --   4 ten     HASH  "n:<tenant>" / "k:<tenant>" -> requests in flight / blocks held
 --   5 rate    HASH  "<tenant>:rl" "<tenant>:rs" (requests level, stamp), ":tl" ":ts" (tokens)
 --   6 q       ZSET  score 0, member "<prio10>:<start24>:<seq16>:<id>": the line, in order
---   7 qent    HASH  entry id -> json {m member, q qtf member, t, p, b, e engines, s, f}
---   8 qexp    ZSET  entry id -> expiry (Redis time, s)
+--   7 qent    HASH  entry id -> json {m member, q qtf member, t, p, b, e engines, s, f,
+--                   r owner replica, d deadline (arrival + max wait, Redis time)}
+--   8 qexp    ZSET  entry id -> expiry: min(deadline, last renewal by its replica + lease ttl)
 --   9 qtf     ZSET  score 0, member "<tenant>\0<prio10>:<start24>:<seq16>:<id>"
 --  10 fair    HASH  "v:<prio>" virtual time when idle, "vf:<prio>" V before the last change
 --                   of the line (V never goes back), "f:<prio>:<tenant>" served finish tag,
 --                   "seq" arrival counter
 --  11 act     HASH  tenant -> json {w weight, s last seen, u recent usage, us its stamp,
 --                   n window s} (all strings, %.17g): the headroom rule's memory
+--  12 pfx     HASH  "<engine>\0<block hash hex>" -> live leases holding that prefix block
+--                   on that engine (gateway/core/prefix.py PrefixHolds); a lease's json
+--                   then has h (its prefix hashes, hex) and c (its credit at admission)
 -- ARGV[1] key TTL (s), ARGV[2] change channel; the script's own arguments follow.
 local K_LEASES, K_LEXP, K_LOAD, K_TEN, K_RATE = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local K_Q, K_QENT, K_QEXP, K_QTF, K_FAIR = KEYS[6], KEYS[7], KEYS[8], KEYS[9], KEYS[10]
-local K_ACT = KEYS[11]
+local K_ACT, K_PFX = KEYS[11], KEYS[12]
 local KEY_TTL_MS = math.floor(tonumber(ARGV[1]) * 1000)
 local CHANNEL = ARGV[2]
 local clock = redis.call('TIME')
@@ -112,12 +116,73 @@ local function observe(tenant, weight, held, window)
   redis.call('HSET', K_ACT, tenant, cjson.encode(rec))
 end
 
+-- The active tenants' weights (held blocks, entries in the line, or seen within the
+-- window) and each one's held blocks; the others are forgotten (the hash stays small).
+local function active_tenants(window)
+  local weights, held = {}, {}
+  local flat = redis.call('HGETALL', K_ACT)
+  for i = 1, #flat, 2 do
+    local name = flat[i]
+    local a = activity(name)
+    local h = num(redis.call('HGET', K_TEN, 'k:' .. name))
+    if h > 0 or redis.call('ZLEXCOUNT', K_QTF, '[' .. name .. '\0', '(' .. name .. '\1') > 0
+        or NOW - a.s <= window then
+      weights[name], held[name] = a.w, h
+    else
+      redis.call('HDEL', K_ACT, name)
+    end
+  end
+  return weights, held
+end
+
 local function over_share(held, need, average, weight, total, capacity)
   local share = weight * capacity
-  return held > 0 and (held + need) * total > share and average * total > share
+  return held > 0 and (held + need) * total > share and (average + need) * total > share
 end
 
 -- ---- leases -----------------------------------------------------------------------------
+-- ---- prefix blocks held by leases (gateway/core/prefix.py PrefixHolds) -----------------
+-- An engine's reserved blocks are its leases' private blocks plus the distinct prefix
+-- blocks they hold; a lease's private part is its blocks + credit - #prefix.
+
+-- How many of `hashes`, from the first, live leases on `engine` hold.
+local function held_prefix(engine, hashes)
+  local n = 0
+  for _, h in ipairs(hashes) do
+    if redis.call('HEXISTS', K_PFX, engine .. '\0' .. h) == 0 then break end
+    n = n + 1
+  end
+  return n
+end
+
+-- A lease on `engine` holds `hashes` now: how many no lease held before.
+local function hold_prefix(engine, hashes)
+  local new = 0
+  for _, h in ipairs(hashes) do
+    if redis.call('HINCRBY', K_PFX, engine .. '\0' .. h, 1) == 1 then new = new + 1 end
+  end
+  return new
+end
+
+-- A lease that held `hashes` on `engine` ended: how many no lease holds now.
+local function drop_prefix(engine, hashes)
+  local freed = 0
+  for _, h in ipairs(hashes) do
+    local f = engine .. '\0' .. h
+    local left = redis.call('HINCRBY', K_PFX, f, -1)
+    if left <= 0 then
+      redis.call('HDEL', K_PFX, f)
+      if left == 0 then freed = freed + 1 end
+    end
+  end
+  return freed
+end
+
+-- A lease's `v` (its blocks or its prompt blocks) less the prefix blocks it shares.
+local function private(l, v)
+  return math.max(0, v + (l.c or 0) - (l.h and #l.h or 0))
+end
+
 local function drop_lease(id, used)
   local raw = redis.call('HGET', K_LEASES, id)
   redis.call('ZREM', K_LEXP, id)
@@ -125,9 +190,10 @@ local function drop_lease(id, used)
   redis.call('HDEL', K_LEASES, id)
   local l = cjson.decode(raw)
   observe(l.t, nil, num(redis.call('HGET', K_TEN, 'k:' .. l.t)), nil)
-  add(K_LOAD, 'b:' .. l.e, -l.b)
+  local freed = l.h and drop_prefix(l.e, l.h) or 0
+  add(K_LOAD, 'b:' .. l.e, -(private(l, l.b) + freed))
   add(K_LOAD, 's:' .. l.e, -l.s)
-  add(K_LOAD, 'p:' .. l.e, -(l.pb or 0))
+  add(K_LOAD, 'p:' .. l.e, -(private(l, l.pb or 0) + freed))
   add(K_TEN, 'n:' .. l.t, -1)
   add(K_TEN, 'k:' .. l.t, -l.b)
   if used ~= nil and present(l.tpm) and used ~= l.k then
@@ -204,18 +270,30 @@ local function tenant_queued(tenant)
   return redis.call('ZLEXCOUNT', K_QTF, '[' .. tenant .. '\0', '(' .. tenant .. '\1')
 end
 
-local function push(id, tenant, prio, weight, engines, blocks, expires_at, burst)
+-- An entry is kept alive like a lease: it expires at its deadline, or `lease_ttl` after its
+-- replica last renewed it, whichever comes first (a dead replica's waiters leave the line).
+local function push(id, tenant, prio, weight, engines, blocks, deadline, owner, lease_ttl, burst)
   local start = tag(tenant, prio, weight, burst)
   local seq = string.format('%016d', redis.call('HINCRBY', K_FAIR, 'seq', 1))
   local m = member(prio, start, seq, id)
   local q = tenant .. '\0' .. m
   redis.call('ZADD', K_Q, 0, m)
   redis.call('ZADD', K_QTF, 0, q)
-  redis.call('ZADD', K_QEXP, expires_at, id)
+  redis.call('ZADD', K_QEXP, math.min(deadline, NOW + lease_ttl), id)
   redis.call('HSET', K_QENT, id, cjson.encode({
     m = m, q = q, t = tenant, p = prio, b = blocks, e = engines,
-    s = fmt(start), f = fmt(start + blocks / weight),
+    s = fmt(start), f = fmt(start + blocks / weight), r = owner, d = fmt(deadline),
   }))
+end
+
+-- The entry's replica is alive: it stays `lease_ttl` more, never past its deadline.
+-- Returns false when the entry is gone (served, left, or reaped).
+local function renew_entry(id, lease_ttl)
+  local e = entry(id)
+  if not e then return false end
+  local deadline = tonumber(e.d) or (NOW + lease_ttl)
+  redis.call('ZADD', K_QEXP, 'XX', math.min(deadline, NOW + lease_ttl), id)
+  return true
 end
 
 -- Move the tenant's entries after `e` (same class) back by e's charge, never before e's
@@ -310,8 +388,10 @@ local function touch(ttl_ms)
   end
 end
 
+-- Change notices are for waiters, and every waiter has an entry in the line: with nobody
+-- queued there is nobody to wake (a release then costs no message to every replica).
 local function finish(reply)
   touch(KEY_TTL_MS)
-  if changed then redis.call('PUBLISH', CHANNEL, '1') end
+  if changed and redis.call('ZCARD', K_QEXP) > 0 then redis.call('PUBLISH', CHANNEL, '1') end
   return reply
 end

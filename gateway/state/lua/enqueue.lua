@@ -1,19 +1,36 @@
 -- enqueue: ARGV 3 id, 4 tenant, 5 priority, 6 weight, 7 blocks, 8 max wait s,
 --   9 max length, 10 tenant cap ('' = none), 11 TTL for the keys (covers the wait),
 --   12 the line's burst credit in blocks, 13 headroom (0 = off), 14 the active window s,
+--   15 the owner replica, 16 its lease ttl s (the entry lives that long unless renewed),
 --   then the engine names. Reply: 'queued' | 'queue_full' | 'tenant_queue_full'.
 local id, tenant, prio, weight = ARGV[3], ARGV[4], tonumber(ARGV[5]), tonumber(ARGV[6])
 local blocks, max_wait, max_length = tonumber(ARGV[7]), tonumber(ARGV[8]), tonumber(ARGV[9])
 local cap, ttl, burst = opt(ARGV[10]), tonumber(ARGV[11]), tonumber(ARGV[12])
 local headroom, window = tonumber(ARGV[13]), tonumber(ARGV[14])
+local owner, lease_ttl = ARGV[15], tonumber(ARGV[16])
 expire_queue()
 touch(math.floor(ttl * 1000))
 if redis.call('HEXISTS', K_QENT, id) == 1 then return finish('queued') end
 if redis.call('ZCARD', K_QEXP) >= max_length then return finish('queue_full') end
-if cap and tenant_queued(tenant) >= cap then return finish('tenant_queue_full') end
+local queued = tenant_queued(tenant)
+if cap and queued >= cap then return finish('tenant_queue_full') end
+-- Headroom for the line (gateway/core/headroom.py line_allows): a tenant above its
+-- weighted share of max_length leaves the last places to the others while they are active.
+if headroom > 0 then
+  local weights = active_tenants(window)
+  local others = 0
+  for name, w in pairs(weights) do
+    if name ~= tenant then others = others + w end
+  end
+  local length = redis.call('ZCARD', K_QEXP)
+  if others > 0 and (queued + 1) * (weight + others) > weight * max_length
+      and length + 1 > (1 - headroom) * max_length then
+    return finish('queue_full')
+  end
+end
 local engines = {}
-for i = 15, #ARGV do engines[#engines + 1] = ARGV[i] end
-push(id, tenant, prio, weight, engines, blocks, NOW + max_wait, burst)
+for i = 17, #ARGV do engines[#engines + 1] = ARGV[i] end
+push(id, tenant, prio, weight, engines, blocks, NOW + max_wait, owner, lease_ttl, burst)
 if headroom > 0 then
   observe(tenant, weight, num(redis.call('HGET', K_TEN, 'k:' .. tenant)), window)
 end

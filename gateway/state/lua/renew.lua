@@ -1,10 +1,15 @@
--- renew: ARGV 3 lease ttl s, then pairs (lease id, lease json as admit.lua wrote it).
+-- renew: ARGV 3 lease ttl s, 4 the number N of queue entries, then N entry ids (this
+-- replica's waiters: each stays `lease ttl` more, never past its deadline), then pairs
+-- (lease id, lease json as admit.lua wrote it).
 -- A lease that Redis no longer has (lost in a restart, or expired while its renewals failed)
 -- belongs to a request that is still running: it is written again, with its counters, so
 -- the blocks it holds on its engine are counted. Reply: the ids written again.
 reap_leases()
+expire_queue()
 local ttl, restored = tonumber(ARGV[3]), {}
-for i = 4, #ARGV - 1, 2 do
+local entries = tonumber(ARGV[4])
+for i = 5, 4 + entries do renew_entry(ARGV[i], ttl) end
+for i = 5 + entries, #ARGV - 1, 2 do
   local id = ARGV[i]
   if redis.call('ZADD', K_LEXP, 'XX', 'CH', NOW + ttl, id) == 0
       and not redis.call('ZSCORE', K_LEXP, id) then
@@ -13,9 +18,10 @@ for i = 4, #ARGV - 1, 2 do
     observe(l.t, nil, num(redis.call('HGET', K_TEN, 'k:' .. l.t)), nil)
     redis.call('HSET', K_LEASES, id, raw)
     redis.call('ZADD', K_LEXP, NOW + ttl, id)
-    add(K_LOAD, 'b:' .. l.e, l.b)
+    local new = l.h and hold_prefix(l.e, l.h) or 0
+    add(K_LOAD, 'b:' .. l.e, private(l, l.b) + new)
     add(K_LOAD, 's:' .. l.e, l.s)
-    add(K_LOAD, 'p:' .. l.e, l.pb or 0)
+    add(K_LOAD, 'p:' .. l.e, private(l, l.pb or 0) + new)
     add(K_TEN, 'n:' .. l.t, 1)
     add(K_TEN, 'k:' .. l.t, l.b)
     restored[#restored + 1] = id

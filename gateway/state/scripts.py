@@ -1,0 +1,117 @@
+"""The Redis store's Lua scripts, called the cheap way: one EVALSHA per call, packed once.
+
+redis-py's asyncio client packs every command in Python, argument by argument, and runs it
+through several layers of wrappers (retry, script registration, response callbacks): with
+some thirty arguments per admission that was about half of the gateway's CPU time per
+request on the Redis path (measured with cProfile, docs/benchmarks.md). Here a script call
+is packed by hiredis's C packer (hiredis is a dependency: redis-py parses with it too), with the
+keys and the arguments every call shares packed into the same command, sent on a
+connection of a `Lane` (a bounded set of the store's own connections, without redis-py's
+pool and its per-call bookkeeping, which cost another ~30 µs per call), and its one reply
+read back. The SHA is computed once;
+`NOSCRIPT` (a Redis that restarted) loads the script and runs it again.
+
+Contract: `Script.__call__` either returns the script's reply or raises redis-py's errors —
+`ConnectionError` / `TimeoutError` / `OSError` for a lost Redis (after one immediate retry
+on a fresh connection: every script is safe to run twice), `ResponseError` for an error the
+script raised. A connection whose call did not end cleanly is dropped, never reused.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+from collections.abc import AsyncIterator, Callable, Sequence
+from typing import Any
+
+import hiredis
+from redis.asyncio.connection import AbstractConnection as Connection
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import NoScriptError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+
+def _pack(args: Sequence[str | int]) -> list[bytes]:
+    return [hiredis.pack_command(tuple(args))]  # type: ignore[arg-type]
+
+
+class Lane:
+    """A bounded set of connections for script calls: at most `size` at once, each used by
+    one call at a time; a call beyond that waits for its turn (back-pressure, not an
+    error). A connection a call left in doubt (lost, timed out, cancelled) is dropped and
+    replaced by a fresh one on demand. `on_turn` runs when a call's turn comes, before it
+    takes a connection: it may raise to fail the call at once (e.g. Redis known to be away
+    while the call waited)."""
+
+    def __init__(
+        self,
+        factory: Callable[[], Connection],
+        size: int,
+        on_turn: Callable[[], None] | None = None,
+    ) -> None:
+        if size < 1:
+            raise ValueError("a lane needs at least one connection")
+        self.size = size
+        self._factory = factory
+        self._on_turn = on_turn
+        self._idle: list[Connection] = []
+        self._turns = asyncio.Semaphore(size)
+        self.open = 0  # connections made and not dropped: at most `size`
+
+    @contextlib.asynccontextmanager
+    async def connection(self) -> AsyncIterator[Connection]:
+        async with self._turns:
+            if self._on_turn is not None:
+                self._on_turn()
+            if self._idle:
+                conn = self._idle.pop()
+            else:
+                conn = self._factory()
+                self.open += 1
+            clean = False
+            try:
+                if not conn.is_connected:
+                    await conn.connect()  # type: ignore[no-untyped-call]
+                yield conn
+                clean = True
+            finally:
+                if clean:
+                    self._idle.append(conn)
+                else:
+                    self.open -= 1
+                    await conn.disconnect(nowait=True)
+
+    async def aclose(self) -> None:
+        idle, self._idle = self._idle, []
+        for conn in idle:
+            await conn.disconnect(nowait=True)
+
+
+class Script:
+    """One Lua script of a store: `await script(lane, args)` runs it with the store's keys
+    and the leading arguments every call shares (`shared`), then `args`."""
+
+    def __init__(self, source: str, keys: Sequence[str], shared: Sequence[str]) -> None:
+        self.source = source
+        self.sha = hashlib.sha1(source.encode()).hexdigest()
+        self._head: tuple[str | int, ...] = ("EVALSHA", self.sha, len(keys), *keys, *shared)
+
+    async def __call__(self, lane: Lane, args: Sequence[str]) -> Any:
+        packed = _pack((*self._head, *args))
+        try:
+            return await self._send(lane, packed)
+        except (RedisConnectionError, RedisTimeoutError, OSError):
+            # A kept connection may have died with an earlier server: once more, afresh.
+            return await self._send(lane, packed)
+
+    async def _send(self, lane: Lane, packed: list[bytes]) -> Any:
+        async with lane.connection() as conn:
+            try:
+                await conn.send_packed_command(packed, check_health=False)
+                return await conn.read_response()
+            except NoScriptError:  # a Redis that restarted: load it, run it again
+                await conn.send_command("SCRIPT", "LOAD", self.source)
+                await conn.read_response()
+                await conn.send_packed_command(packed, check_health=False)
+                return await conn.read_response()

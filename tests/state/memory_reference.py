@@ -1,0 +1,433 @@
+"""The in-process store as it was before issue 14 (it visited every tenant and scanned the
+whole line per decision): the reference `gateway.state.memory` is checked against
+(tests/state/test_memory_equivalence.py). Below, the original docstring.
+
+In-process state: the embedded default when no Redis is configured.
+
+Atomic because nothing between reading and writing state awaits: one event loop, one step.
+The rules are the pure core's: tenant limits from `gateway.core.tenants`, the order of the
+waiting line from `gateway.core.fairqueue`, the capacity kept from tenants above their fair
+share from `gateway.core.headroom`. Leases live as long as the process (there is no
+other replica to fail), queue entries until `max_wait_s` after they joined.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+
+from gateway.core import headroom as room
+from gateway.core import tenants
+from gateway.core.prefix import PrefixHolds
+from gateway.core.routing import Candidate, Chooser, Router
+from gateway.core.tenants import TenantUsage
+from gateway.core.types import EngineLoad, TenantPolicy
+from gateway.state.base import (
+    AdmissionAsk,
+    Lease,
+    QueueEntry,
+    QueueVerdict,
+    RateLimitState,
+    Refusal,
+)
+from gateway.state.totals import StoreTotals
+from tests.core.fairqueue_reference import BURST_BLOCKS, FairQueue, Waiting
+
+
+@dataclass(frozen=True, slots=True)
+class _Held:
+    lease: Lease
+    policy: TenantPolicy  # as at admission: refunds are capped by its TPM
+
+
+@dataclass(frozen=True, slots=True)
+class _Headroom:
+    """The headroom rule (gateway/core/headroom.py) as it applies to one ask."""
+
+    store: InMemoryStore
+    ask: AdmissionAsk
+    held: int
+    others: float
+    pool: int
+    weights: dict[str, float]  # the active tenants
+    now: float
+    others_unused: float  # what the other active tenants lack of their shares of the pool
+    pool_free: int = 0  # free blocks of all candidates now
+
+    def allows(self, c: Candidate) -> bool:
+        capacity = c.view.spec.capacity_blocks(self.ask.kv_ceiling)
+        return room.allows(
+            held=self.held,
+            need=c.need.blocks,
+            average=self.store.average(self.ask.tenant.name, self.now),
+            weight=self.ask.tenant.weight,
+            others=self.others,
+            pool_capacity=self.pool,
+            free_after=c.view.free_blocks(self.ask.kv_ceiling) - c.need.blocks,
+            engine_capacity=capacity,
+            headroom=self.store.headroom,
+            pool_free_after=self.pool_free - c.need.blocks,
+            others_unused=self.others_unused,
+        )
+
+    def passable(self, e: Waiting) -> bool:
+        """A queued entry this ask may pass: the ask stays within its share, and the entry
+        would take its (other) tenant above its own."""
+        weight, total = self.ask.tenant.weight, self.ask.tenant.weight + self.others
+        need = max((c.need.blocks for c in self.ask.candidates), default=0)
+        mine = self.store.average(self.ask.tenant.name, self.now)
+        if room.over_share(
+            held=self.held, need=need, average=mine, weight=weight, total=total, capacity=self.pool
+        ):
+            return False
+        other = self.weights.get(e.tenant)
+        if e.tenant == self.ask.tenant.name or other is None:
+            return False
+        return room.over_share(
+            held=self.store.tenant_blocks(e.tenant),
+            need=e.blocks,
+            average=self.store.average(e.tenant, self.now),
+            weight=other,
+            total=total,
+            capacity=self.pool,
+        )
+
+
+class InMemoryStore:
+    def __init__(
+        self,
+        router: Router,
+        chooser: Chooser | None = None,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        burst_blocks: float = BURST_BLOCKS,
+        headroom: float = room.HEADROOM,
+        active_window_s: float = room.ACTIVE_WINDOW_S,
+    ) -> None:
+        room.check_headroom(headroom, active_window_s)
+        self._router = router
+        self.headroom = headroom
+        self._active_window_s = active_window_s
+        self._activity: dict[str, room.Activity] = {}  # tenants seen lately (headroom.py)
+        self._chooser: Chooser = chooser or random.Random()
+        self._clock = clock
+        self._held: dict[str, _Held] = {}
+        self._loads: dict[str, EngineLoad] = {}
+        self._tenants: dict[str, TenantUsage] = {}
+        self._line = FairQueue(burst_blocks)
+        self._holds = PrefixHolds()  # prefix blocks the leases hold, per engine
+        self._changed = asyncio.Event()
+
+    async def try_admit(self, ask: AdmissionAsk) -> Lease | Refusal:
+        if ask.lease_id in self._held:
+            raise KeyError(f"lease {ask.lease_id} already exists")
+        now = self._expire()
+        policy = ask.tenant
+        usage = self._tenants.get(policy.name, TenantUsage())
+        refused = tenants.check_rates(
+            usage,
+            max_concurrency=policy.max_concurrency,
+            rpm=policy.rpm,
+            tpm=policy.tpm,
+            tokens=ask.tokens,
+            now=now,
+        )
+        if refused is not None:
+            return Refusal(refused.code, refused.retry_after_s)
+        credited = [self._credited(c) for c in ask.candidates]
+        within_share = [
+            c for c in credited if tenants.share_allows(usage, c.need.blocks, ask.tenant_max_blocks)
+        ]
+        if ask.candidates and not within_share:
+            return Refusal("tenant_kv_share")
+        own = self._line.get(ask.lease_id) if ask.queued else None
+        key = (
+            own.key if own else self._line.newcomer_key(policy.name, policy.priority, policy.weight)
+        )
+        engines = frozenset(c.view.spec.name for c in ask.candidates)
+        rule = self._headroom_rule(ask, usage.blocks, now)
+        passable = rule.passable if rule is not None else None
+        if self._line.blocked(key, engines, own_id=ask.lease_id, passable=passable):
+            return Refusal("queued_ahead")
+        views = [
+            Candidate(
+                view=replace(c.view, load=self._loads.get(c.view.spec.name, EngineLoad())),
+                need=c.need,
+            )
+            for c in within_share
+        ]
+        if rule is not None:
+            free = sum(max(0, c.view.free_blocks(ask.kv_ceiling)) for c in views)
+            rule = replace(rule, pool_free=free)
+            views = [c for c in views if rule.allows(c)]
+        chosen = self._router.pick(views, ask.kv_ceiling, self._chooser)
+        if chosen is None:
+            return Refusal("no_capacity")
+        charged = tenants.charge(
+            usage,
+            rpm=policy.rpm,
+            tpm=policy.tpm,
+            blocks=chosen.need.blocks,
+            tokens=ask.tokens,
+            now=now,
+        )
+        limited = policy.rpm is not None or policy.tpm is not None
+        lease = Lease(
+            id=ask.lease_id,
+            engine=chosen.view.spec.name,
+            blocks=chosen.need.blocks,
+            seqs=chosen.need.seqs,
+            tenant=policy.name,
+            tokens=ask.tokens,
+            rates=tenants.rate_limit_values(charged, rpm=policy.rpm, tpm=policy.tpm, now=now)
+            if limited
+            else None,
+            prompt_blocks=chosen.need.prompt_blocks,
+            prefix=chosen.need.prefix,
+            credit=chosen.need.credit,
+        )
+        self._held[lease.id] = _Held(lease, policy)
+        if self.headroom > 0:
+            self._activity[policy.name] = room.observe(
+                self._activity.get(policy.name),
+                weight=policy.weight,
+                held=usage.blocks,
+                now=now,
+                window=self._active_window_s,
+            )
+        shared = self._holds.hold(lease.engine, lease.prefix)
+        self._add(
+            lease.engine,
+            lease.private_blocks + shared,
+            lease.seqs,
+            lease.private_prompt_blocks + shared,
+        )
+        self._tenants[policy.name] = charged
+        if self._line.serve(ask.lease_id) is not None:
+            self._notify()  # the line moved: those behind may now go
+        else:
+            self._line.charge(policy.name, policy.priority, policy.weight, lease.blocks)
+        return lease
+
+    async def release(self, lease: Lease, used_tokens: int | None = None) -> bool:
+        held = self._held.pop(lease.id, None)
+        if held is None:
+            return False
+        got = held.lease
+        freed = self._holds.drop(got.engine, got.prefix)
+        self._add(
+            got.engine,
+            -(got.private_blocks + freed),
+            -got.seqs,
+            -(got.private_prompt_blocks + freed),
+        )
+        rpm, tpm, now = held.policy.rpm, held.policy.tpm, self._clock()
+        usage = self._tenants.get(got.tenant, TenantUsage())
+        self._observe_held(got.tenant, usage.blocks, now)
+        usage = tenants.release(
+            usage, tpm=tpm, blocks=got.blocks, charged=got.tokens, used=used_tokens, now=now
+        )
+        # Forget tenants holding nothing with full buckets: the map stays small, and a
+        # forgotten tenant is exactly a fresh one.
+        usage = tenants.forget_full(usage, rpm=rpm, tpm=tpm, now=now)
+        if usage == TenantUsage():
+            self._tenants.pop(got.tenant, None)
+        else:
+            self._tenants[got.tenant] = usage
+        self._notify()
+        return True
+
+    async def renew(self, leases: Sequence[Lease]) -> None:
+        return None  # in-process leases live exactly as long as the process
+
+    async def extend(self, lease: Lease, blocks: int) -> Lease:
+        held = self._held.get(lease.id)
+        if held is None or blocks <= 0:
+            return held.lease if held is not None else lease
+        grown = replace(held.lease, blocks=held.lease.blocks + blocks)
+        self._held[lease.id] = _Held(grown, held.policy)
+        self._add(grown.engine, blocks, 0, 0)
+        policy = held.policy
+        self._line.surcharge(policy.name, policy.priority, policy.weight, blocks)
+        usage = self._tenants.get(grown.tenant, TenantUsage())
+        self._observe_held(grown.tenant, usage.blocks, self._clock())
+        self._tenants[grown.tenant] = replace(usage, blocks=usage.blocks + blocks)
+        return grown
+
+    def _observe_held(self, tenant: str, held: int, now: float) -> None:
+        """The headroom rule's average of what a seen tenant holds, before `held` changes."""
+        seen = self._activity.get(tenant)
+        if seen is not None:
+            self._activity[tenant] = room.observe(
+                seen, weight=None, held=held, now=now, window=self._active_window_s
+            )
+
+    async def enqueue(self, entry: QueueEntry, max_length: int) -> QueueVerdict:
+        now = self._expire()
+        if entry.id in self._line:
+            return "queued"
+        if len(self._line) >= max_length:
+            return "queue_full"
+        cap = entry.tenant.max_queued
+        queued = self._line.count(entry.tenant.name)
+        if cap is not None and queued >= cap:
+            return "tenant_queue_full"
+        if self.headroom > 0 and not room.line_allows(
+            queued=queued,
+            length=len(self._line),
+            max_length=max_length,
+            weight=entry.tenant.weight,
+            others=room.others_weight(self._active(now).items(), entry.tenant.name),
+            headroom=self.headroom,
+        ):
+            return "queue_full"
+        self._line.push(
+            entry.id,
+            tenant=entry.tenant.name,
+            priority=entry.tenant.priority,
+            weight=entry.tenant.weight,
+            engines=entry.engines,
+            blocks=entry.blocks,
+            expires_at=now + entry.max_wait_s,
+        )
+        if self.headroom > 0:
+            name = entry.tenant.name
+            self._activity[name] = room.observe(
+                self._activity.get(name),
+                weight=entry.tenant.weight,
+                held=self.tenant_blocks(name),
+                now=now,
+                window=self._active_window_s,
+            )
+        return "queued"
+
+    async def dequeue(self, entry_id: str) -> None:
+        if self._line.leave(entry_id) is not None:
+            self._notify()
+
+    async def queue_length(self) -> int:
+        self._expire()
+        return len(self._line)
+
+    async def blocks_ahead(self, engines: frozenset[str]) -> int:
+        self._expire()
+        return self._line.blocks_ahead(engines)
+
+    async def rate_limits(self, tenant: TenantPolicy) -> RateLimitState:
+        usage = self._tenants.get(tenant.name, TenantUsage())
+        values = tenants.rate_limit_values(usage, rpm=tenant.rpm, tpm=tenant.tpm, now=self._clock())
+        return RateLimitState(
+            limit_requests=values.limit_requests,
+            remaining_requests=values.remaining_requests,
+            reset_requests_s=values.reset_requests_s,
+            limit_tokens=values.limit_tokens,
+            remaining_tokens=values.remaining_tokens,
+            reset_tokens_s=values.reset_tokens_s,
+        )
+
+    async def loads(self) -> dict[str, EngineLoad]:
+        return dict(self._loads)
+
+    async def wait_for_change(self, within_s: float) -> None:
+        event = self._changed
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(event.wait(), within_s)
+
+    @property
+    def degraded(self) -> bool:
+        return False  # nothing to lose in-process
+
+    async def close(self) -> None:
+        self._notify()
+
+    async def totals(self) -> StoreTotals:
+        """Everything held right now (not part of the port: tests and metrics)."""
+        self._expire()
+        return StoreTotals(
+            leases=len(self._held),
+            queued=len(self._line),
+            reserved_blocks=sum(v.reserved_blocks for v in self._loads.values()),
+            reserved_seqs=sum(v.reserved_seqs for v in self._loads.values()),
+            tenant_in_flight={t: u.in_flight for t, u in self._tenants.items() if u.in_flight},
+            tenant_blocks={t: u.blocks for t, u in self._tenants.items() if u.blocks},
+        )
+
+    def _credited(self, c: Candidate) -> Candidate:
+        """The candidate with the leading prefix blocks live leases hold on its engine taken
+        off its footprint (they cost nothing more there)."""
+        if not c.need.prefix:
+            return c
+        held = self._holds.leading(c.view.spec.name, c.need.prefix)
+        return replace(c, need=c.need.credited(held))
+
+    def _headroom_rule(self, ask: AdmissionAsk, held: int, now: float) -> _Headroom | None:
+        """The headroom rule for this ask; None when it cannot limit anything (off, or
+        nobody else active)."""
+        if self.headroom <= 0:
+            return None
+        active = self._active(now)
+        others = room.others_weight(active.items(), ask.tenant.name)
+        if others <= 0:
+            return None
+        pool = sum(c.view.spec.capacity_blocks(ask.kv_ceiling) for c in ask.candidates)
+        total = ask.tenant.weight + others
+        unused = sum(
+            room.unused_share(held=self.tenant_blocks(name), weight=w, total=total, capacity=pool)
+            for name, w in active.items()
+            if name != ask.tenant.name
+        )
+        return _Headroom(self, ask, held, others, pool, active, now, unused)
+
+    def _active(self, now: float) -> dict[str, float]:
+        """The active tenants' weights (gateway/core/headroom.py); forgets the others."""
+        active: dict[str, float] = {}
+        for name, seen in list(self._activity.items()):
+            usage = self._tenants.get(name, TenantUsage())
+            queued = self._line.count(name)
+            if room.is_active(
+                seen, held=usage.blocks, queued=queued, now=now, window=self._active_window_s
+            ):
+                active[name] = seen.weight
+            else:
+                del self._activity[name]  # forgotten: the map stays small
+        return active
+
+    def tenant_blocks(self, tenant: str) -> int:
+        return self._tenants.get(tenant, TenantUsage()).blocks
+
+    def average(self, tenant: str, now: float) -> float:
+        """The tenant's recent usage (gateway/core/headroom.py)."""
+        return room.average_at(
+            self._activity.get(tenant),
+            held=self.tenant_blocks(tenant),
+            now=now,
+            window=self._active_window_s,
+        )
+
+    def _expire(self) -> float:
+        """Drop queue entries whose time is up (a waiter that crashed never blocks the line
+        for longer than its `max_wait_s`); returns the time used."""
+        now = self._clock()
+        if self._line.expire(now):
+            self._notify()
+        return now
+
+    def _notify(self) -> None:
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+    def _add(self, engine: str, blocks: int, seqs: int, prompt_blocks: int) -> None:
+        load = self._loads.get(engine, EngineLoad())
+        new = EngineLoad(
+            load.reserved_blocks + blocks,
+            load.reserved_seqs + seqs,
+            load.prompt_blocks + prompt_blocks,
+        )
+        if new == EngineLoad():
+            self._loads.pop(engine, None)
+        else:
+            self._loads[engine] = new
