@@ -301,3 +301,24 @@ def test_the_process_start_time_is_read_when_the_page_has_it() -> None:
     assert parse_page(capture(IDLE)).started == 1.79602057957e09  # the real capture's
     without = drop_series(capture(IDLE), "process_start_time_seconds")
     assert parse_page(without).started is None
+
+
+@pytest.mark.parametrize("name", ["metrics-cpu-0.32.txt", "metrics-cpu-0.32-saturated.txt"])
+def test_only_the_lines_read_are_parsed_and_they_give_the_whole_pages_samples(name: str) -> None:
+    # The page is pre-filtered before prometheus_client's parser (see `_samples`): the samples
+    # of the metrics read must be exactly those the parser finds in the whole page.
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from gateway.engines import metrics
+
+    text = capture(name)
+    whole = {
+        (s.name, tuple(sorted(s.labels.items())), s.value)
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if s.name in metrics._READ
+    }
+    filtered = {(s.name, tuple(sorted(s.labels.items())), s.value) for s in metrics._samples(text)}
+    assert filtered == whole
+    read = {metrics.RUNNING, metrics.PREEMPTIONS, metrics.CACHE_CONFIG_INFO}
+    assert {s[0] for s in whole} >= read
