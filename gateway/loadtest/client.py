@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -63,17 +63,36 @@ def request_body(
 
 class Client:
     """Sends attempts to one of `base_urls` (round robin when there are several: a client
-    spreading its load over engines itself)."""
+    spreading its load over engines itself).
+
+    `targets` (`compare --order mixed`): several targets' URLs by name, in place of
+    `base_urls`; requests go to the targets in turn, and within a target round robin over
+    its URLs, so that every target gets the same share of the same load at the same time."""
 
     def __init__(
         self,
-        base_urls: list[str],
+        base_urls: list[str] | None = None,
         *,
+        targets: Mapping[str, Sequence[str]] | None = None,
         timeout_s: float = 600.0,
         connect_timeout_s: float = 10.0,
     ) -> None:
-        self.base_urls = [u.rstrip("/") for u in base_urls]
+        if (base_urls is None) == (targets is None):
+            raise ValueError("give either base_urls or targets")
+        groups = (
+            {None: base_urls or []}
+            if targets is None
+            else {name: list(urls) for name, urls in targets.items()}
+        )
+        self._groups: list[tuple[str | None, list[str]]] = [
+            (name, [u.rstrip("/") for u in urls]) for name, urls in groups.items()
+        ]
+        if not self._groups or not all(urls for _, urls in self._groups):
+            raise ValueError("every target needs a URL")
+        self.base_urls = [u for _, urls in self._groups for u in urls]
+        self._names = {u: name for name, urls in self._groups for u in urls}
         self._next = 0
+        self._next_in: list[int] = [0] * len(self._groups)
         self._timeout = aiohttp.ClientTimeout(total=timeout_s, sock_connect=connect_timeout_s)
         self._session: aiohttp.ClientSession | None = None
 
@@ -88,9 +107,20 @@ class Client:
             self._session = None
 
     def pick(self) -> str:
-        url = self.base_urls[self._next % len(self.base_urls)]
+        # The k-th pick goes to target (k + k // n) % n: every n picks each target once, and
+        # the order shifts by one every cycle, so that n clients taking turns do not each
+        # stay with one target (with 2 targets: a b b a a b b a ...).
+        n, k = len(self._groups), self._next
+        group = (k + k // n) % n
         self._next += 1
+        urls = self._groups[group][1]
+        url = urls[self._next_in[group] % len(urls)]
+        self._next_in[group] += 1
         return url
+
+    def target_of(self, url: str) -> str | None:
+        """The target name `url` belongs to (None for a client of one target)."""
+        return self._names.get(url)
 
     async def send(
         self, api: str, body: bytes, *, stream: bool, api_key: str | None, base_url: str

@@ -14,13 +14,17 @@ itself; `--target` flags add targets that are already running:
       - name: remote
         url: http://10.0.0.5:8000
     rates: [0.5x, 1x, 2x]          # × capacity, or absolute req/s (then no capacity run)
-    order: interleaved             # or sequential
+    order: interleaved             # or sequential, or mixed
     capacity_requests: 200
 
 Capacity is the direct targets' saturated throughput (rate inf), measured first in the same
 run. Before every run the simulated engines are restarted and a gateway target gets a fresh
 gateway: each run starts from a clean state. Runs go rate by rate, the targets' order
-rotating (interleaved), or target by target (sequential).
+rotating (interleaved), or target by target (sequential). `mixed` runs every target at
+once, each rate one run whose requests go to the targets in turn (the rate is the total):
+the targets share the engines and the machine at the same moments, so noise that swamps a
+few per cent between runs (a loaded machine, an engine sharing cores with the client)
+falls on each alike; a gateway then sees the others' requests as foreign load.
 """
 
 from __future__ import annotations
@@ -38,8 +42,9 @@ import yaml
 from gateway.loadtest import options, report
 from gateway.loadtest.aggregate import Slo, parse_slo
 from gateway.loadtest.arrivals import Rate
-from gateway.loadtest.measure import measure
+from gateway.loadtest.measure import measure, measure_mixed
 from gateway.loadtest.prompts import PromptBuilder
+from gateway.loadtest.runner import RunConfig
 from gateway.loadtest.setups import ManagedGateway, SimFleet, merge
 from gateway.loadtest.targets import Target, parse_target, resolve
 
@@ -53,7 +58,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--target", action="append", default=[], help="[NAME=]URL[,URL...] (repeatable)"
     )
     parser.add_argument("--rates", help="comma-separated: 0.5x,1x,2x (× capacity) or req/s")
-    parser.add_argument("--order", choices=("interleaved", "sequential"))
+    parser.add_argument("--order", choices=("interleaved", "sequential", "mixed"))
     parser.add_argument("--capacity-requests", type=int, help="requests of the capacity run")
     parser.add_argument(
         "--only", help="run only these targets of the spec, in this order (comma-separated)"
@@ -129,8 +134,10 @@ def read_spec(args: argparse.Namespace) -> Spec:
         args.capacity_requests or int(data.get("capacity_requests", 200)),
         dict(data.get("gateway") or {}),
     )
-    if spec.order not in ("interleaved", "sequential"):
-        raise ValueError("compare: order is interleaved or sequential")
+    if spec.order not in ("interleaved", "sequential", "mixed"):
+        raise ValueError("compare: order is interleaved, sequential or mixed")
+    if spec.order == "mixed" and len(spec.targets) < 2:
+        raise ValueError("compare: order mixed needs at least two targets")
     for rate in spec.rates:
         _rate_value(rate, 1.0)
     return spec
@@ -211,7 +218,6 @@ async def _compare(args: argparse.Namespace, spec: Spec, slo: Slo) -> dict[str, 
     if spec.engines is not None:
         flags = dict(spec.engines.get("flags") or {})
         fleet = SimFleet(int(spec.engines.get("count", 1)), flags, workdir)
-    gateway = ManagedGateway(workdir)
     builder = PromptBuilder.from_spec(args.tokenizer, args.model or "model")
     document: dict[str, Any] = {"spec": _spec_dict(spec), "runs": []}
     try:
@@ -223,7 +229,7 @@ async def _compare(args: argparse.Namespace, spec: Spec, slo: Slo) -> dict[str, 
             if direct is None:
                 raise ValueError("relative rates need a 'direct: true' target")
             capacity_run = await _one(
-                args, spec, direct, fleet, gateway, builder, slo, math.inf, "capacity",
+                args, spec, direct, fleet, workdir, builder, slo, math.inf, "capacity",
                 requests=spec.capacity_requests,
             )  # fmt: skip
             document["capacity_run"] = capacity_run
@@ -235,14 +241,21 @@ async def _compare(args: argparse.Namespace, spec: Spec, slo: Slo) -> dict[str, 
             if capacity_run.get("interrupted") or not capacity:
                 document["runs"].append(capacity_run)
                 return document
+        if spec.order == "mixed":
+            for rate_text in spec.rates or [""]:
+                rate = _rate_value(rate_text, capacity) if rate_text else None
+                results = await _mixed(args, spec, fleet, workdir, builder, slo, rate, rate_text)
+                document["runs"] += results
+                if any(r.get("interrupted") for r in results):
+                    break
+            return document
         for rate_text, target in _plan(spec):
             rate = _rate_value(rate_text, capacity) if rate_text else None
-            result = await _one(args, spec, target, fleet, gateway, builder, slo, rate, rate_text)
+            result = await _one(args, spec, target, fleet, workdir, builder, slo, rate, rate_text)
             document["runs"].append(result)
             if result.get("interrupted"):
                 break
     finally:
-        await gateway.stop()
         if fleet is not None:
             await fleet.stop()
     return document
@@ -259,12 +272,96 @@ def _plan(spec: Spec) -> list[tuple[str, TargetSpec]]:
     return plan
 
 
+async def _mixed(
+    args: argparse.Namespace,
+    spec: Spec,
+    fleet: SimFleet | None,
+    workdir: Path,
+    builder: PromptBuilder,
+    slo: Slo,
+    rate: float | None,
+    rate_label: str,
+) -> list[dict[str, Any]]:
+    """Every target at once, one run, the requests in turn (`order: mixed`)."""
+    from gateway.loadtest.cli import admin_key
+
+    if fleet is not None:
+        await fleet.restart()
+    gateways: list[ManagedGateway] = []
+    try:
+        resolved: list[Target] = []
+        for target in spec.targets:
+            resolved.append(await _resolve(args, spec, target, fleet, gateways, workdir))
+        model = resolved[0].model
+        assert model is not None
+        max_len = min((t.max_model_len for t in resolved if t.max_model_len), default=None)
+        cfg = _run_config(args, model, max_len, rate)
+        return await measure_mixed(
+            resolved,
+            cfg,
+            builder,
+            slo=slo,
+            labels=[f"{t.name} @ {rate_label}" if rate_label else t.name for t in resolved],
+            scrape_interval_s=args.scrape_interval,
+            admin_key=admin_key(args),
+            progress=not args.quiet,
+            timeout_s=args.timeout,
+            extra={"rate_label": rate_label or "run", "rate": rate},
+        )
+    finally:
+        for g in gateways:
+            await g.stop()
+
+
+async def _resolve(
+    args: argparse.Namespace,
+    spec: Spec,
+    target: TargetSpec,
+    fleet: SimFleet | None,
+    gateways: list[ManagedGateway],
+    workdir: Path,
+) -> Target:
+    """The target's URLs, a managed gateway started for it if it is one (kept in
+    `gateways`, for the caller to stop)."""
+    from gateway.loadtest.cli import admin_key, engine_metrics
+
+    if target.direct:
+        assert fleet is not None
+        name, urls = target.name, tuple(fleet.urls)
+    elif target.gateway is not None:
+        assert fleet is not None
+        config = ManagedGateway.config(
+            fleet.gateway_engines(),
+            args.model or fleet.model,
+            args.tokenizer,
+            merge(spec.gateway, target.gateway),
+        )
+        gateway = ManagedGateway(workdir)
+        gateways.append(gateway)
+        name, urls = target.name, (await gateway.start(config),)
+    else:
+        assert target.url is not None
+        name, urls = parse_target(f"{target.name}={target.url}")
+    return await resolve(
+        name, urls, model=args.model, admin_key=admin_key(args), engine_metrics=engine_metrics(args)
+    )
+
+
+def _run_config(
+    args: argparse.Namespace, model: str, max_model_len: int | None, rate: float | None
+) -> RunConfig:
+    if rate is None:
+        return options.run_config(args, model, max_model_len)
+    arrivals = Rate(rate, 1.0 if math.isinf(rate) else args.burstiness)
+    return options.run_config(args, model, max_model_len, arrivals=arrivals, override_load=True)
+
+
 async def _one(
     args: argparse.Namespace,
     spec: Spec,
     target: TargetSpec,
     fleet: SimFleet | None,
-    gateway: ManagedGateway,
+    workdir: Path,
     builder: PromptBuilder,
     slo: Slo,
     rate: float | None,
@@ -272,44 +369,17 @@ async def _one(
     *,
     requests: int | None = None,
 ) -> dict[str, Any]:
-    from gateway.loadtest.cli import admin_key, engine_metrics
+    from gateway.loadtest.cli import admin_key
 
     if fleet is not None and (target.direct or target.gateway is not None):
         await fleet.restart()
+    gateways: list[ManagedGateway] = []
     try:
-        if target.direct:
-            assert fleet is not None
-            name, urls = target.name, tuple(fleet.urls)
-        elif target.gateway is not None:
-            assert fleet is not None
-            config = ManagedGateway.config(
-                fleet.gateway_engines(),
-                args.model or fleet.model,
-                args.tokenizer,
-                merge(spec.gateway, target.gateway),
-            )
-            name, urls = target.name, (await gateway.start(config),)
-        else:
-            assert target.url is not None
-            name, urls = parse_target(f"{target.name}={target.url}")
-        resolved: Target = await resolve(
-            name,
-            urls,
-            model=args.model,
-            admin_key=admin_key(args),
-            engine_metrics=engine_metrics(args),
-        )
+        resolved = await _resolve(args, spec, target, fleet, gateways, workdir)
         assert resolved.model is not None
-        if rate is None:
-            cfg = options.run_config(args, resolved.model, resolved.max_model_len)
-        else:
-            arrivals = Rate(rate, 1.0 if math.isinf(rate) else args.burstiness)
-            cfg = options.run_config(
-                args, resolved.model, resolved.max_model_len, arrivals=arrivals,
-                override_load=True,
-            )  # fmt: skip
-            if requests is not None:
-                cfg = replace(cfg, max_requests=requests, duration_s=None, warmup=0)
+        cfg = _run_config(args, resolved.model, resolved.max_model_len, rate)
+        if requests is not None:
+            cfg = replace(cfg, max_requests=requests, duration_s=None, warmup=0)
         label = f"{target.name} @ {rate_label}" if rate_label else target.name
         return await measure(
             resolved,
@@ -324,7 +394,8 @@ async def _one(
             extra={"rate_label": rate_label or "run", "rate": rate},
         )
     finally:
-        await gateway.stop()
+        for g in gateways:
+            await g.stop()
 
 
 def _spec_dict(spec: Spec) -> dict[str, Any]:

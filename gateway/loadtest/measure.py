@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import signal
 import time
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -17,7 +18,8 @@ from gateway.loadtest.aggregate import NO_SLO, Slo, summarize
 from gateway.loadtest.client import Client
 from gateway.loadtest.progress import Progress
 from gateway.loadtest.prompts import PromptBuilder
-from gateway.loadtest.runner import RunConfig, Runner
+from gateway.loadtest.records import RequestRecord
+from gateway.loadtest.runner import RunConfig, Runner, RunResult
 from gateway.loadtest.scrape import Scraper
 from gateway.loadtest.targets import Target
 
@@ -43,9 +45,72 @@ async def measure(
         interval_s=scrape_interval_s,
         admin_key=admin_key,
     )
-    bar = Progress(label or target.name, cfg.max_requests, cfg.duration_s) if progress else None
+    client = Client(list(target.urls), timeout_s=timeout_s)
+    result, load_start = await _run(client, cfg, builder, scraper, label or target.name, progress)
+    return _report(
+        target, cfg, result, result.records, scraper, load_start, slo, label or target.name, extra
+    )
+
+
+async def measure_mixed(
+    targets: Sequence[Target],
+    cfg: RunConfig,
+    builder: PromptBuilder,
+    *,
+    slo: Slo = NO_SLO,
+    labels: Sequence[str] | None = None,
+    scrape_interval_s: float = 1.0,
+    admin_key: str | None = None,
+    progress: bool = True,
+    timeout_s: float = 600.0,
+    extra: dict[str, Any] | None = None,
+) -> list[dict[str, Any]]:
+    """One run of `cfg` whose requests go to `targets` in turn (`compare --order mixed`),
+    and a report per target from its own records: the targets take the same load at the
+    same moments, so the machine's drift falls on each alike. The load in `cfg` is the
+    total (each target gets 1/n of it). The metrics scraped (every target's engines, and
+    the gateway's when there is one gateway) are shared by the reports."""
+    if len({t.name for t in targets}) != len(targets):
+        raise ValueError("mixed targets need distinct names")
+    gateways = [t.gateway_metrics for t in targets if t.gateway_metrics]
+    engines = tuple(dict.fromkeys(m for t in targets for m in t.engine_metrics))
+    scraper = Scraper(
+        engines,
+        gateways[0] if len(gateways) == 1 else None,
+        interval_s=scrape_interval_s,
+        admin_key=admin_key,
+    )
+    client = Client(targets={t.name: t.urls for t in targets}, timeout_s=timeout_s)
+    title = " + ".join(t.name for t in targets)
+    result, load_start = await _run(client, cfg, builder, scraper, title, progress)
+    names = list(labels) if labels is not None else [t.name for t in targets]
+    return [
+        _report(
+            target,
+            cfg,
+            result,
+            [r for r in result.records if r.target == target.name],
+            scraper,
+            load_start,
+            slo,
+            name,
+            {**(extra or {}), "mixed_with": [t.name for t in targets if t is not target]},
+        )
+        for target, name in zip(targets, names, strict=True)
+    ]
+
+
+async def _run(
+    client: Client,
+    cfg: RunConfig,
+    builder: PromptBuilder,
+    scraper: Scraper,
+    title: str,
+    progress: bool,
+) -> tuple[RunResult, list[float]]:
+    bar = Progress(title, cfg.max_requests, cfg.duration_s) if progress else None
     loop = asyncio.get_running_loop()
-    async with Client(list(target.urls), timeout_s=timeout_s) as client:
+    async with client:
         runner = Runner(cfg, builder, client, on_record=bar.update if bar else None)
         with _on_sigint(loop, runner.stop):
             load_start = cpu.loadavg()
@@ -62,8 +127,22 @@ async def measure(
             with contextlib.suppress(httpx.HTTPError, OSError):
                 async with httpx.AsyncClient(timeout=5.0) as http:
                     await scraper.scrape_once(http)
+    return result, load_start
+
+
+def _report(
+    target: Target,
+    cfg: RunConfig,
+    result: RunResult,
+    records: list[RequestRecord],
+    scraper: Scraper,
+    load_start: list[float],
+    slo: Slo,
+    label: str,
+    extra: dict[str, Any] | None,
+) -> dict[str, Any]:
     return {
-        "label": label or target.name,
+        "label": label,
         "started": datetime.fromtimestamp(result.started_epoch, UTC).isoformat(),
         "target": {
             "name": target.name,
@@ -86,7 +165,7 @@ async def measure(
             "retry_429": cfg.retry_429,
         },
         **(extra or {}),
-        "summary": summarize(result.records, slo),
+        "summary": summarize(records, slo),
         "metrics": {"summary": scraper.summary(), "series": scraper.series()},
         "client": {
             **result.client,
@@ -97,7 +176,7 @@ async def measure(
         },
         "warnings": result.warnings,
         "interrupted": result.interrupted,
-        "records": [r.to_dict() for r in result.records],
+        "records": [r.to_dict() for r in records],
     }
 
 

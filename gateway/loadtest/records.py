@@ -54,6 +54,7 @@ class RequestRecord:
     turn: int = 1
     prefix_group: int | None = None
     warmup: bool = False
+    target: str | None = None  # `compare --order mixed`: which target it was sent to
 
     @property
     def ok(self) -> bool:

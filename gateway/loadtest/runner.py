@@ -362,6 +362,7 @@ class Runner:
             "turn": turn,
             "prefix_group": spec.prefix[0] if spec.prefix and turn == 1 else None,
             "warmup": index < self.cfg.warmup,
+            "target": self.client.target_of(base_url),
         }
         try:
             for retries in range(self.cfg.retry_429 + 1):

@@ -130,6 +130,51 @@ def test_compare_direct_and_gateway(capsys: pytest.CaptureFixture[str], tmp_path
     ]
 
 
+def test_compare_mixed_sends_the_same_load_to_each_target_at_once(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    spec = tmp_path / "compare.yaml"
+    spec.write_text(
+        json.dumps(
+            {
+                "engines": {"count": 1, "flags": {"num_gpu_blocks": 64, "max_model_len": 512}},
+                "targets": [{"name": "direct", "direct": True}, {"name": "gw", "gateway": {}}],
+                "rates": ["1x"],
+                "order": "mixed",
+                "capacity_requests": 10,
+            }
+        )
+    )
+    code, report, _ = run_tool(
+        capsys, tmp_path, "compare", "--spec", str(spec), "--requests", "24",
+        "--output-len", "16", "--input-len", "40",
+    )  # fmt: skip
+    assert code == 0
+    runs = report["runs"]
+    assert [r["label"] for r in runs] == ["direct @ 1x", "gw @ 1x"]
+    assert [r["target"]["kind"] for r in runs] == ["engine", "gateway"]
+    assert [r["mixed_with"] for r in runs] == [["gw"], ["direct"]]
+    # One run, the requests in turn: each target has half of them, all its own, answered.
+    for run, name in zip(runs, ("direct", "gw"), strict=True):
+        assert run["summary"]["outcomes"]["ok"] == 12
+        assert {r["target"] for r in run["records"]} == {name}
+    indices = sorted((r["index"], r["target"]) for run in runs for r in run["records"])
+    assert [i for i, _ in indices] == list(range(24))
+    # At the same moments: the two targets' requests span the same stretch of time.
+    spans = [(min(r["sent_s"] for r in x["records"]), max(r["done_s"] for r in x["records"]))
+             for x in runs]  # fmt: skip
+    assert abs(spans[0][0] - spans[1][0]) < 1.0 and abs(spans[0][1] - spans[1][1]) < 2.0
+
+
+def test_compare_mixed_needs_two_targets(
+    sim: SimProcess, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    code, _, err = run_tool(
+        capsys, tmp_path, "compare", "--target", sim.url, "--order", "mixed", "--requests", "2"
+    )
+    assert code == 2 and "order mixed needs at least two targets" in err
+
+
 def test_sweep_gpu_memory_utilization_on_planned_engines(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
