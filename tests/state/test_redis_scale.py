@@ -8,7 +8,7 @@ between). At 10,000 tenants (each admitted an 8-block lease, every second one re
 again: all active) and 1,000 waiting it must stay within 2x of the count at 10 tenants and
 10 waiting, behind the line (refused `queued_ahead`) and admitted once the line is empty.
 (The scripts before issue 14 visited every active tenant: 58 and 83 commands per admission
-at 10 and 10, 25,033 and 25,058 here; these: 37 and 70, then 38 and 70.)
+at 10 and 10, 25,033 and 25,058 here; these: 37 and 63, then 38 and 63.)
 
 The tenants are set up quickly, the same way for any version of the scripts: admitted and
 queued with headroom off (no records), then their headroom records (`act`, as common.lua

@@ -129,13 +129,21 @@ if blocked(key, engines, id, rule and rule.passable) then return refuse('queued_
 -- Routing (gateway/core/routing.py): filter, score, then a seeded choice among ties.
 local best, ties = nil, {}
 local pool_free = 0
-for _, c in ipairs(within) do
-  c.res_b = num(redis.call('HGET', K_LOAD, 'b:' .. c.name))
-  pool_free = pool_free + math.max(0, c.cap - c.res_b - c.for_b)
+for first = 1, #within, 500 do -- one HMGET per 500 engines (unpack's limit is far above)
+  local fields, last = {}, math.min(#within, first + 499)
+  for i = first, last do
+    fields[#fields + 1] = 'b:' .. within[i].name
+    fields[#fields + 1] = 's:' .. within[i].name
+  end
+  local loads = redis.call('HMGET', K_LOAD, unpack(fields))
+  for i = first, last do
+    local c, at = within[i], 2 * (i - first)
+    c.res_b, c.res_s = num(loads[at + 1]), num(loads[at + 2])
+    pool_free = pool_free + math.max(0, c.cap - c.res_b - c.for_b)
+  end
 end
 for _, c in ipairs(within) do
-  local res_b = c.res_b
-  local res_s = num(redis.call('HGET', K_LOAD, 's:' .. c.name))
+  local res_b, res_s = c.res_b, c.res_s
   local free = c.cap - res_b - c.for_b
   local running = res_s + c.for_s
   local room = true

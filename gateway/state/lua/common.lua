@@ -594,7 +594,10 @@ local function blocked(key, engines, own, passable)
         local e = entry(id)
         local competes = false
         for _, name in ipairs(e.e) do
-          if engines[name] then competes = true end
+          if engines[name] then
+            competes = true
+            break
+          end
         end
         if competes and (passable == nil or not passable(e)) then return true end
       end
