@@ -4,6 +4,7 @@ the records, also after they are lost (rebuilt from the records)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import random
 from typing import Any
@@ -164,5 +165,43 @@ async def test_the_aggregates_count_the_records_and_are_rebuilt_when_lost() -> N
         assert after["ratios"] == {} and set(after["aging"]) == set(after["records"])
     finally:
         await store.close()
+        await client.aclose()
+        await drop_keys(prefix)
+
+
+async def test_tenants_that_aged_out_are_forgotten_from_the_aggregates() -> None:
+    prefix = new_prefix()
+    store = redis_store(prefix, active_window_s=60.0)  # the set-up: nobody ages out
+    short = redis_store(prefix, replica="replica-b", active_window_s=0.05)
+    client = aioredis.from_url(redis_url())
+    try:
+        spec = EngineSpec("e", "http://e", frozenset({"m"}), 1000, 16, 10**6, 10**6)
+        candidates = (Candidate(EngineView(spec, EngineLoad()), Footprint(8, 1, 128)),)
+        held = []
+        for i in range(250):  # more than one batch of acta (100)
+            got = await store.try_admit(
+                AdmissionAsk(f"a{i}", candidates, 1.0, TenantPolicy(name=f"t{i}"))
+            )
+            assert isinstance(got, Lease), got
+            if i < 3:
+                held.append(got)  # these stay active: they hold blocks
+            else:
+                await store.release(got)
+        before = await _aggregates(client, prefix)
+        _check(before)
+        assert len(before["records"]) == 250 and len(before["aging"]) == 247
+        await asyncio.sleep(0.3)
+        got = await short.try_admit(AdmissionAsk("b", candidates, 1.0, TenantPolicy(name="new")))
+        assert isinstance(got, Lease), got
+        after = await _aggregates(client, prefix)
+        _check(after)
+        assert set(after["records"]) == {"t0", "t1", "t2", "new"}  # 247 forgotten at once
+        assert after["aging"] == {}
+        await short.release(got)
+        for lease in held:
+            await store.release(lease)
+    finally:
+        await store.close()
+        await short.close()
         await client.aclose()
         await drop_keys(prefix)
