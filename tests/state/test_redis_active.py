@@ -156,6 +156,20 @@ async def test_the_aggregates_count_the_records_and_are_rebuilt_when_lost() -> N
         if isinstance(got, Lease):
             leases.append(got)
         _check(await _aggregates(client, prefix))
+        # A replica still on the scripts before issue 14 rewrites a record (no h, a new
+        # weight, the aggregates untouched); the next change of that tenant notices.
+        act = f"{{{prefix}}}:act"
+        record = json.loads(await client.hget(act, policies[1].name))
+        del record["h"]
+        record["w"] = "5"
+        await client.hset(act, policies[1].name, json.dumps(record))
+        entry = QueueEntry("old", policies[1], names, 8, 600)
+        assert await store.enqueue(entry, 10**6) == "queued"
+        entries.append((entry.id, policies[1]))
+        got = await store.try_admit(AdmissionAsk("later", candidates, 1.0, policies[2]))
+        if isinstance(got, Lease):
+            leases.append(got)
+        _check(await _aggregates(client, prefix))
         for lease in leases:
             await store.release(lease)
         for entry_id, _ in entries:

@@ -23,7 +23,8 @@
 --                   on that engine (gateway/core/prefix.py PrefixHolds); a lease's json
 --                   then has h (its prefix hashes, hex) and c (its credit at admission)
 --  13 acts    HASH  the active tenants' aggregates, kept as records change (issue 14):
---                   "n" records counted (= HLEN act, else rebuilt from act), "h" the sum
+--                   "n" records counted (= HLEN act, else rebuilt from act; a record
+--                   without h, from an older version, drops it), "h" the sum
 --                   of their held blocks, "w:<k>" limb k of the exact sum of their weights
 --                   (each weight x 2^1074, in 24-bit limbs; integers, so no drift)
 --  14 actr    ZSET  tenant -> held / weight, for the tenants holding blocks (those above a
@@ -92,10 +93,12 @@ local function seconds_until(units, level, limit)
 end
 
 -- ---- headroom (gateway/core/headroom.py) -------------------------------------------------
+-- A record without h was written by the scripts before issue 14 (a replica not yet
+-- upgraded): not counted as it is now (`stale`).
 local function decoded(raw)
   local a = cjson.decode(raw)
   return {w = tonumber(a.w), s = tonumber(a.s), u = tonumber(a.u), us = tonumber(a.us),
-          n = tonumber(a.n), h = tonumber(a.h) or 0}
+          n = tonumber(a.n), h = tonumber(a.h) or 0, stale = a.h == nil}
 end
 
 local function activity(tenant)
@@ -218,6 +221,9 @@ local function settle(tenant, rec)
   if rec == nil then return end
   local held = num(redis.call('HGET', K_TEN, 'k:' .. tenant))
   local queued = redis.call('ZLEXCOUNT', K_QTF, '[' .. tenant .. '\0', '(' .. tenant .. '\1')
+  if old ~= nil and old.stale then
+    redis.call('HDEL', K_ACTS, 'n') -- not counted as it is: all rebuilt at the next use
+  end
   if old == nil then
     add(K_ACTS, 'n', 1)
     add_weight(rec.w, 1)
