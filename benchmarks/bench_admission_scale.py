@@ -1,8 +1,8 @@
-"""Admission at scale (issue 14): the in-process store's `try_admit` against engines, tenants
-and waiting requests, and how many decisions one release causes.
+"""Admission at scale (issue 14): the stores' `try_admit` against engines, tenants and
+waiting requests, and how many decisions one release causes.
 
     nice -n 0 .venv/bin/python benchmarks/bench_admission_scale.py [--trees A,B] [--rounds 2]
-                                                                   [--seconds 3]
+                                                [--seconds 3] [--stores memory,redis]
 
 Decision cost, for each engines x tenants x waiting shape of the issue's table: a store with
 that many engines (8 blocks each way plus room to spare), each tenant admitted one 8-block
@@ -16,6 +16,16 @@ Decisions per release: `waiters` requests wait in `gateway.scheduler.Scheduler.a
 full engine, each wants all of it); one lease is released and the `try_admit` calls in the
 next 50 ms (less than the scheduler's 0.25 s poll) are counted; then the calls in one
 second at rest (polls).
+
+Redis (`--stores` with `redis`): the same shapes on a `RedisStore` against a private
+`redis-server` this script starts (nothing on disk): the server's time per admit script and
+per release script (the EVALSHA's `usec` in `INFO commandstats`, read before and after each
+call, untimed; SLOWLOG would log every command the script runs too, and slow it down), and
+the wall time of each `try_admit` call, p50 / p99. The clock is Redis's, so the active
+window is 600 s (nobody ages out while the set-up runs). Set-up, the same for any version
+of the scripts: the tenants admitted (64 calls at a time) and queued with headroom off, then
+their headroom records (`act`, as common.lua documents it) written in one pipeline; three
+untimed decisions first (the new scripts count those records once).
 
 `--trees A,B`: run every measurement in a child process per source tree (`KVGW_TREE=A`,
 `B`: its `gateway` package), alternating tree by tree and round by round, so the
@@ -40,6 +50,7 @@ from typing import Any
 
 SHAPES = ((1, 1, 0), (100, 1, 0), (1, 100, 1000), (100, 10000, 0), (100, 10000, 1000))
 WAITERS = (10, 100, 1000)
+REDIS_URL = "KVGW_BENCH_REDIS_URL"  # the private redis-server, for the children
 
 
 class Clock:
@@ -110,6 +121,122 @@ async def decisions(engines: int, tenants: int, waiting: int, seconds: float) ->
     }
 
 
+async def redis_decisions(
+    engines: int, tenants: int, waiting: int, seconds: float, url: str
+) -> dict[str, Any]:
+    import redis.asyncio as aioredis
+
+    from gateway.core.routing import DEFAULT_SCORERS, Candidate
+    from gateway.core.types import EngineLoad, EngineSpec, EngineView, Footprint, TenantPolicy
+    from gateway.state.base import AdmissionAsk, Lease, QueueEntry
+    from gateway.state.redis import RedisStore
+
+    window = 600.0
+    prefix = f"bench-{os.getpid()}"
+    store = RedisStore(
+        url,
+        DEFAULT_SCORERS,
+        replica_id="bench",
+        key_prefix=prefix,
+        seed=0,
+        lease_ttl_s=600.0,
+        active_window_s=window,
+        timeout_s=30.0,
+    )
+    client = aioredis.from_url(url)
+    try:
+        blocks = 8 * (2 * tenants + waiting) // engines + 200
+        specs = [
+            EngineSpec(f"e{i}", f"http://e{i}", frozenset({"m"}), blocks + 1, 16, 10**6, 10**6)
+            for i in range(engines)
+        ]
+        need = Footprint(8, 1, 128)
+        candidates = tuple(Candidate(EngineView(s, EngineLoad()), need) for s in specs)
+        names = frozenset(s.name for s in specs)
+        policies = [TenantPolicy(name=f"t{i}") for i in range(tenants)]
+        store.headroom, headroom = 0.0, store.headroom  # set-up: records written below
+
+        async def setup(i: int) -> None:
+            lease = await store.try_admit(AdmissionAsk(f"a{i}", candidates, 1.0, policies[i]))
+            assert isinstance(lease, Lease), lease
+            if i % 2:
+                await store.release(lease)
+
+        async def wait(i: int) -> None:
+            entry = QueueEntry(f"w{i}", policies[i % tenants], names, 8, 10**5)
+            assert await store.enqueue(entry, 10**6) == "queued"
+
+        for start in range(0, tenants, 64):
+            await asyncio.gather(*(setup(i) for i in range(start, min(tenants, start + 64))))
+        for start in range(0, waiting, 64):
+            await asyncio.gather(*(wait(i) for i in range(start, min(waiting, start + 64))))
+        sec, usec = await client.time()
+        now = repr(sec + usec / 1e6)
+        pipe = client.pipeline(transaction=False)
+        for i, policy in enumerate(policies):
+            held = "0" if i % 2 else "8"
+            record = {"w": "1", "s": now, "u": held, "us": now, "n": repr(window)}
+            pipe.hset(f"{{{prefix}}}:act", policy.name, json.dumps(record))
+        await pipe.execute()
+        store.headroom = headroom
+
+        async def evalsha() -> tuple[int, int]:
+            got = (await client.info("commandstats"))["cmdstat_evalsha"]
+            return int(got["calls"]), int(got["usec"])
+
+        async def server_us(call: Any, check: bool) -> tuple[Any, float, float]:
+            """The call's result, its wall time and its script's server time (µs)."""
+            calls, usec = await evalsha()
+            t0 = time.perf_counter_ns()
+            result = await call
+            wall = (time.perf_counter_ns() - t0) / 1000
+            calls2, usec2 = await evalsha()
+            # This call's script only (a first call may load its script: NOSCRIPT, again).
+            assert calls2 - calls == 1 or not check, (calls, calls2)
+            return result, wall, float(usec2 - usec)
+
+        times: list[float] = []
+        admit_us: list[float] = []
+        release_us: list[float] = []
+        outcomes: dict[str, int] = {}
+        i = 0
+        started = time.perf_counter()
+        while (time.perf_counter() - started < seconds or len(times) < 20) and len(times) < 3000:
+            if i == 3:  # three untimed first
+                times.clear()
+                admit_us.clear()
+                release_us.clear()
+                outcomes.clear()
+                started = time.perf_counter()
+            a = AdmissionAsk(f"ask-{10**7 + i}", candidates, 1.0, policies[i % tenants])
+            result, wall, server = await server_us(store.try_admit(a), i >= 3)
+            times.append(wall)
+            admit_us.append(server)
+            code = "admitted" if isinstance(result, Lease) else result.code
+            outcomes[code] = outcomes.get(code, 0) + 1
+            if isinstance(result, Lease):
+                release_us.append((await server_us(store.release(result), i >= 3))[2])
+            i += 1
+        got: dict[str, Any] = {
+            "shape": f"{engines}x{tenants}x{waiting}",
+            "store": "redis",
+            "calls": len(times),
+            "server_p50_us": round(statistics.median(admit_us), 1),
+            "server_p99_us": round(_percentile(admit_us, 0.99), 1),
+            "wall_p50_us": round(statistics.median(times), 1),
+            "wall_p99_us": round(_percentile(times, 0.99), 1),
+            "outcomes": outcomes,
+        }
+        if release_us:
+            got["release_server_p50_us"] = round(statistics.median(release_us), 1)
+            got["release_server_p99_us"] = round(_percentile(release_us, 0.99), 1)
+        return got
+    finally:
+        await store.close()
+        await client.flushdb()  # the script's own server
+        await client.aclose()
+
+
 async def per_release(waiters: int) -> dict[str, Any]:
     from gateway.core.retry import ReleaseRate
     from gateway.core.routing import Router
@@ -173,6 +300,9 @@ def measure(kind: str, arg: str, seconds: float) -> dict[str, Any]:
     if kind == "decisions":
         e, t, w = (int(x) for x in arg.split("x"))
         got = asyncio.run(decisions(e, t, w, seconds))
+    elif kind == "redis":
+        e, t, w = (int(x) for x in arg.split("x"))
+        got = asyncio.run(redis_decisions(e, t, w, seconds, os.environ[REDIS_URL]))
     else:
         got = asyncio.run(per_release(int(arg)))
     return got | {"gateway": str(Path(gateway.__file__).parent)}
@@ -198,6 +328,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seconds", type=float, default=3.0)
     p.add_argument("--shapes", default=",".join(f"{e}x{t}x{w}" for e, t, w in SHAPES))
     p.add_argument("--waiters", default=",".join(str(w) for w in WAITERS))
+    p.add_argument("--stores", default="memory", help="memory, redis, or both (comma-separated)")
     p.add_argument("--child", nargs=2, metavar=("KIND", "ARG"), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.child:
@@ -211,13 +342,27 @@ def main(argv: list[str] | None = None) -> int:
 
     trees = [t for t in args.trees.split(",") if t] or [str(Path(gateway.__file__).parents[1])]
     print(f"load average {os.getloadavg()}; trees {trees}")
-    jobs = [("decisions", s) for s in args.shapes.split(",") if s]
-    jobs += [("release", w) for w in args.waiters.split(",") if w]
-    for kind, arg in jobs:
-        for r in range(args.rounds):
-            for tree in trees:
-                got = child(tree, kind, arg, args.seconds)
-                print(f"round {r} {Path(tree).name or tree}: {json.dumps(got)}", flush=True)
+    stores = {s for s in args.stores.split(",") if s}
+    jobs = []
+    if "memory" in stores:
+        jobs += [("decisions", s) for s in args.shapes.split(",") if s]
+        jobs += [("release", w) for w in args.waiters.split(",") if w]
+    server = None
+    if "redis" in stores:
+        from gateway.harness import RedisServer
+
+        jobs += [("redis", s) for s in args.shapes.split(",") if s]
+        server = RedisServer().start()
+        os.environ[REDIS_URL] = server.url
+    try:
+        for kind, arg in jobs:
+            for r in range(args.rounds):
+                for tree in trees:
+                    got = child(tree, kind, arg, args.seconds)
+                    print(f"round {r} {Path(tree).name or tree}: {json.dumps(got)}", flush=True)
+    finally:
+        if server is not None:
+            server.stop()
     print(f"load average {os.getloadavg()}")
     return 0
 

@@ -86,6 +86,9 @@ KEY_NAMES = (
     "fair",
     "act",
     "pfx",
+    "acts",
+    "actr",
+    "acta",
 )
 SCRIPTS = ("admit", "release", "renew", "extend", "enqueue", "dequeue", "inspect")
 # Buckets in debt need up to two minutes to fill again; keys must outlive that idle time.

@@ -91,32 +91,31 @@ for i = 0, count - 1 do
 end
 if count > 0 and #within == 0 then return refuse('tenant_kv_share') end
 
--- Headroom (gateway/core/headroom.py): the active tenants, the others' weights.
+-- Headroom (gateway/core/headroom.py): the active tenants, the others' weights, from the
+-- aggregates kept as they change (common.lua, active_now).
 local rule = nil
 if headroom > 0 then
-  local weights, held_by = active_tenants(window)
-  local others = 0
-  for name, w in pairs(weights) do
-    if name ~= tenant then others = others + w end
-  end
+  local t = active_now(window)
+  local rec = activity(tenant)
+  local others = others_weight(t, rec)
   if others > 0 then
     local total = weight + others
-    local mine = average_at(activity(tenant), held, window)
+    local mine = average_at(rec, held, window)
     -- What the other active tenants lack of their shares of the pool: kept free for them.
-    local unused = 0
-    for name, w in pairs(weights) do
-      if name ~= tenant then unused = unused + math.max(0, w * pool / total - held_by[name]) end
-    end
-    rule = {total = total, mine = mine, unused = unused}
+    rule = {total = total, mine = mine, unused = unused_of(t, tenant, rec, others, pool, total)}
     -- A queued entry this ask may pass: the ask stays within its share, and the entry
     -- would take its (other) tenant above its own.
     if not over_share(held, need, mine, weight, total, pool) then
+      local seen = {}
       rule.passable = function(e)
-        local w = weights[e.t]
-        if e.t == tenant or w == nil then return false end
-        local h = num(redis.call('HGET', K_TEN, 'k:' .. e.t))
-        local avg = average_at(activity(e.t), h, window)
-        return over_share(h, e.b, avg, w, total, pool)
+        if e.t == tenant then return false end
+        local a = seen[e.t]
+        if a == nil then
+          a = activity(e.t) or false
+          seen[e.t] = a
+        end
+        if not a then return false end
+        return over_share(a.h, e.b, average_at(a, a.h, window), a.w, total, pool)
       end
     end
   end
@@ -130,18 +129,27 @@ if blocked(key, engines, id, rule and rule.passable) then return refuse('queued_
 -- Routing (gateway/core/routing.py): filter, score, then a seeded choice among ties.
 local best, ties = nil, {}
 local pool_free = 0
-for _, c in ipairs(within) do
-  c.res_b = num(redis.call('HGET', K_LOAD, 'b:' .. c.name))
-  pool_free = pool_free + math.max(0, c.cap - c.res_b - c.for_b)
+for first = 1, #within, 500 do -- one HMGET per 500 engines (unpack's limit is far above)
+  local fields, last = {}, math.min(#within, first + 499)
+  for i = first, last do
+    fields[#fields + 1] = 'b:' .. within[i].name
+    fields[#fields + 1] = 's:' .. within[i].name
+  end
+  local loads = redis.call('HMGET', K_LOAD, unpack(fields))
+  for i = first, last do
+    local c, at = within[i], 2 * (i - first)
+    c.res_b, c.res_s = num(loads[at + 1]), num(loads[at + 2])
+    pool_free = pool_free + math.max(0, c.cap - c.res_b - c.for_b)
+  end
 end
 for _, c in ipairs(within) do
-  local res_b = c.res_b
-  local res_s = num(redis.call('HGET', K_LOAD, 's:' .. c.name))
+  local res_b, res_s = c.res_b, c.res_s
   local free = c.cap - res_b - c.for_b
   local running = res_s + c.for_s
   local room = true
   if rule and over_share(held, c.b, rule.mine, weight, rule.total, pool) then
-    room = free - c.b >= headroom * c.cap and pool_free - c.b >= rule.unused
+    room = free - c.b >= headroom * c.cap
+      and pool_free - c.b >= unused_against(rule.unused, pool_free - c.b)
   end
   if room and c.healthy and c.b <= free and c.s <= c.max_seqs - running then
     local score = {}
@@ -189,7 +197,7 @@ local shared = l.h and hold_prefix(l.e, l.h) or 0
 add(K_LOAD, 'b:' .. chosen.name, private(l, l.b) + shared)
 add(K_LOAD, 's:' .. chosen.name, chosen.s)
 add(K_LOAD, 'p:' .. chosen.name, private(l, l.pb) + shared)
-if headroom > 0 then observe(tenant, weight, held, window) end
+local rec = headroom > 0 and observe(tenant, weight, held, window) or nil
 add(K_TEN, 'n:' .. tenant, 1)
 add(K_TEN, 'k:' .. tenant, chosen.b)
 if rpm then bucket_set(tenant, 'r', rpm, rpm_level - 1) end
@@ -199,6 +207,7 @@ if own then
 else
   charge(tenant, prio, weight, chosen.b, burst)
 end
+settle(tenant, rec)
 return finish({'lease', chosen.name, chosen.b, chosen.s,
   rpm and fmt(rpm_level - 1) or '', tpm and fmt(tpm_level - tokens) or '', fmt(NOW),
   chosen.pb, chosen.cr})

@@ -17,14 +17,26 @@
 --                   of the line (V never goes back), "f:<prio>:<tenant>" served finish tag,
 --                   "seq" arrival counter
 --  11 act     HASH  tenant -> json {w weight, s last seen, u recent usage, us its stamp,
---                   n window s} (all strings, %.17g): the headroom rule's memory
+--                   n window s, h held blocks as counted in acts} (all strings, %.17g):
+--                   the headroom rule's memory, one record per active tenant
 --  12 pfx     HASH  "<engine>\0<block hash hex>" -> live leases holding that prefix block
 --                   on that engine (gateway/core/prefix.py PrefixHolds); a lease's json
 --                   then has h (its prefix hashes, hex) and c (its credit at admission)
+--  13 acts    HASH  the active tenants' aggregates, kept as records change (issue 14):
+--                   "n" records counted (= HLEN act, else rebuilt from act; a record
+--                   without h, from an older version, drops it), "h" the sum
+--                   of their held blocks, "w:<k>" limb k of the exact sum of their weights
+--                   (each weight x 2^1074, in 24-bit limbs; integers, so no drift)
+--  14 actr    ZSET  tenant -> held / weight, for the tenants holding blocks (those above a
+--                   share are the first few from the top)
+--  15 acta    ZSET  tenant -> last seen, for the tenants holding nothing and not queued
+--                   (the next to age out of the window first); act, acts, actr and acta
+--                   always share one TTL (touch), so they expire together
 -- ARGV[1] key TTL (s), ARGV[2] change channel; the script's own arguments follow.
 local K_LEASES, K_LEXP, K_LOAD, K_TEN, K_RATE = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local K_Q, K_QENT, K_QEXP, K_QTF, K_FAIR = KEYS[6], KEYS[7], KEYS[8], KEYS[9], KEYS[10]
 local K_ACT, K_PFX = KEYS[11], KEYS[12]
+local K_ACTS, K_ACTR, K_ACTA = KEYS[13], KEYS[14], KEYS[15]
 local KEY_TTL_MS = math.floor(tonumber(ARGV[1]) * 1000)
 local CHANNEL = ARGV[2]
 local clock = redis.call('TIME')
@@ -81,12 +93,18 @@ local function seconds_until(units, level, limit)
 end
 
 -- ---- headroom (gateway/core/headroom.py) -------------------------------------------------
+-- A record without h was written by the scripts before issue 14 (a replica not yet
+-- upgraded): not counted as it is now (`stale`).
+local function decoded(raw)
+  local a = cjson.decode(raw)
+  return {w = tonumber(a.w), s = tonumber(a.s), u = tonumber(a.u), us = tonumber(a.us),
+          n = tonumber(a.n), h = tonumber(a.h) or 0, stale = a.h == nil}
+end
+
 local function activity(tenant)
   local raw = redis.call('HGET', K_ACT, tenant)
   if not raw then return nil end
-  local a = cjson.decode(raw)
-  return {w = tonumber(a.w), s = tonumber(a.s), u = tonumber(a.u), us = tonumber(a.us),
-          n = tonumber(a.n)}
+  return decoded(raw)
 end
 
 -- The recent usage at NOW, the tenant having held `held` blocks since the last update.
@@ -101,38 +119,249 @@ local function average_at(a, held, window)
 end
 
 -- The record just before the tenant's held blocks change from `held`; `weight` when the
--- tenant is seen (admitted or queued), nil for a release (which needs a record).
+-- tenant is seen (admitted or queued), nil for a release (which needs a record). Not
+-- written: `settle` writes it once the blocks or entries changed.
 local function observe(tenant, weight, held, window)
   local a = activity(tenant)
-  if weight == nil and a == nil then return end
+  if weight == nil and a == nil then return nil end
   if window == nil then window = a.n end
-  local avg = average_at(a, held, window)
-  local rec = {u = fmt(avg), us = fmt(NOW), n = fmt(window)}
+  local rec = {u = average_at(a, held, window), us = NOW, n = window, h = a and a.h or 0}
   if weight ~= nil then
-    rec.w, rec.s = fmt(weight), fmt(NOW)
+    rec.w, rec.s = weight, NOW
   else
-    rec.w, rec.s = fmt(a.w), fmt(a.s)
+    rec.w, rec.s = a.w, a.s
   end
-  redis.call('HSET', K_ACT, tenant, cjson.encode(rec))
+  return rec
 end
 
--- The active tenants' weights (held blocks, entries in the line, or seen within the
--- window) and each one's held blocks; the others are forgotten (the hash stays small).
-local function active_tenants(window)
-  local weights, held = {}, {}
-  local flat = redis.call('HGETALL', K_ACT)
-  for i = 1, #flat, 2 do
-    local name = flat[i]
-    local a = activity(name)
-    local h = num(redis.call('HGET', K_TEN, 'k:' .. name))
-    if h > 0 or redis.call('ZLEXCOUNT', K_QTF, '[' .. name .. '\0', '(' .. name .. '\1') > 0
-        or NOW - a.s <= window then
-      weights[name], held[name] = a.w, h
-    else
-      redis.call('HDEL', K_ACT, name)
+-- ---- the active tenants' aggregates (gateway/state/active.py) ---------------------------
+-- The sum of the weights is kept exact: each weight is a whole multiple of 2^-1074, kept
+-- as weight x 2^1074 in 24-bit limbs ("w:<k>" holds the sum of the tenants' limb k, an
+-- integer < 2^53 for up to 2^29 tenants); `weight_sum` rounds the sum once, correctly (as
+-- active.py's `_unscaled`), whatever the order the tenants came and went in.
+local LIMB = 16777216 -- 2^24
+local TWO53 = 9007199254740992
+
+local function limbs(w)
+  local f, x = math.frexp(w)
+  local m, p = f * TWO53, x - 53 + 1074 -- w = m x 2^(p - 1074), m an integer < 2^53
+  if p < 0 then m, p = m / 2 ^ (-p), 0 end -- subnormal: m has as many trailing zeros
+  local k = math.floor(p / 24)
+  local v = m * 2 ^ (p - 24 * k)
+  local out = {}
+  while v > 0 do
+    local low = v % LIMB
+    if low > 0 then out[k] = low end
+    v = (v - low) / LIMB
+    k = k + 1
+  end
+  return out
+end
+
+local function add_weight(w, sign)
+  for k, v in pairs(limbs(w)) do add(K_ACTS, 'w:' .. k, sign * v) end
+end
+
+-- The correctly rounded value of the limbs `sums` (k -> integer) less the limbs `minus`.
+local function weight_sum(sums, minus)
+  local l, top = {}, -1
+  for k, v in pairs(sums) do
+    l[k] = v
+    if k > top then top = k end
+  end
+  if minus then
+    for k, v in pairs(minus) do l[k] = (l[k] or 0) - v end
+  end
+  local carry = 0
+  for k = 0, top do
+    local v = (l[k] or 0) + carry
+    local low = v % LIMB
+    carry = (v - low) / LIMB
+    l[k] = low
+  end
+  while carry > 0 do
+    top = top + 1
+    local low = carry % LIMB
+    l[top] = low
+    carry = (carry - low) / LIMB
+  end
+  while top >= 0 and l[top] == 0 do top = top - 1 end
+  if top < 0 then return 0 end
+  local function bit(i)
+    local k = math.floor(i / 24)
+    return math.floor(l[k] / 2 ^ (i - 24 * k)) % 2
+  end
+  local pos = 24 * top + 23 -- the highest bit set
+  while bit(pos) == 0 do pos = pos - 1 end
+  if pos < 53 then -- fits: exactly
+    local m = 0
+    for i = pos, 0, -1 do m = 2 * m + bit(i) end
+    return math.ldexp(m, -1074)
+  end
+  local m = 0
+  for i = pos, pos - 52, -1 do m = 2 * m + bit(i) end
+  local round, sticky = bit(pos - 53), false
+  local below = pos - 54 -- any bit at or below it set?
+  if below >= 0 then
+    local k = math.floor(below / 24)
+    if l[k] % 2 ^ (below - 24 * k + 1) > 0 then sticky = true end
+    for j = 0, k - 1 do
+      if l[j] > 0 then sticky = true end
     end
   end
-  return weights, held
+  if round == 1 and (sticky or m % 2 == 1) then m = m + 1 end -- to nearest, ties to even
+  return math.ldexp(m, pos - 52 - 1074)
+end
+
+-- The tenant's record `rec` (nil: its record as it is) now counts with the blocks it holds
+-- and the entries it has now; nothing when it has no record (not active).
+local function settle(tenant, rec)
+  local old = activity(tenant)
+  if rec == nil then rec = old end
+  if rec == nil then return end
+  local held = num(redis.call('HGET', K_TEN, 'k:' .. tenant))
+  local queued = redis.call('ZLEXCOUNT', K_QTF, '[' .. tenant .. '\0', '(' .. tenant .. '\1')
+  if old ~= nil and old.stale then
+    redis.call('HDEL', K_ACTS, 'n') -- not counted as it is: all rebuilt at the next use
+  end
+  if old == nil then
+    add(K_ACTS, 'n', 1)
+    add_weight(rec.w, 1)
+    add(K_ACTS, 'h', held)
+  else
+    if old.w ~= rec.w then
+      add_weight(old.w, -1)
+      add_weight(rec.w, 1)
+    end
+    add(K_ACTS, 'h', held - old.h)
+  end
+  if held > 0 then
+    redis.call('ZADD', K_ACTR, fmt(held / rec.w), tenant)
+  elseif old ~= nil and old.h > 0 then
+    redis.call('ZREM', K_ACTR, tenant)
+  end
+  if held > 0 or queued > 0 then
+    redis.call('ZREM', K_ACTA, tenant)
+  else
+    redis.call('ZADD', K_ACTA, fmt(rec.s), tenant)
+  end
+  redis.call('HSET', K_ACT, tenant, cjson.encode({
+    w = fmt(rec.w), s = fmt(rec.s), u = fmt(rec.u), us = fmt(rec.us), n = fmt(rec.n),
+    h = fmt(held),
+  }))
+end
+
+local function forget(tenant, a)
+  add(K_ACTS, 'n', -1)
+  add_weight(a.w, -1)
+  add(K_ACTS, 'h', -a.h)
+  redis.call('ZREM', K_ACTR, tenant)
+  redis.call('ZREM', K_ACTA, tenant)
+  redis.call('HDEL', K_ACT, tenant)
+end
+
+-- The aggregates again from the records, when they do not count them all (keys of an
+-- older version, or lost): once, tenant by tenant.
+local function rebuild()
+  redis.call('DEL', K_ACTS, K_ACTR, K_ACTA)
+  local flat = redis.call('HGETALL', K_ACT)
+  redis.call('DEL', K_ACT)
+  for i = 1, #flat, 2 do settle(flat[i], decoded(flat[i + 1])) end
+end
+
+local function read_totals()
+  local flat = redis.call('HGETALL', K_ACTS)
+  local t = {n = 0, h = 0, w = {}}
+  for i = 1, #flat, 2 do
+    local f, v = flat[i], tonumber(flat[i + 1])
+    if f == 'n' then
+      t.n = v
+    elseif f == 'h' then
+      t.h = v
+    else
+      t.w[tonumber(string.sub(f, 3))] = v
+    end
+  end
+  return t
+end
+
+-- The aggregates (acts as a table: n, h, and the weight limbs w), after forgetting the
+-- tenants that are not active at NOW (nothing held, nothing queued, not seen within the
+-- window): the first of acta while they are aged out, however many (each tenant once per
+-- time it is seen: the tenants before issue 14's rule forgot, at the same calls).
+local function active_now(window)
+  local t = read_totals()
+  local changed_totals = false
+  if t.n ~= redis.call('HLEN', K_ACT) then
+    rebuild()
+    changed_totals = true
+  end
+  while true do
+    local got = redis.call('ZRANGE', K_ACTA, 0, 99, 'WITHSCORES')
+    local stop = #got < 200
+    for i = 1, #got, 2 do
+      if not (NOW - tonumber(got[i + 1]) > window) then
+        stop = true
+        break
+      end
+      local a = activity(got[i])
+      if a then
+        forget(got[i], a)
+      else
+        redis.call('ZREM', K_ACTA, got[i])
+      end
+      changed_totals = true
+    end
+    if stop then break end
+  end
+  if changed_totals then t = read_totals() end
+  return t
+end
+
+local function others_weight(t, own)
+  return weight_sum(t.w, own and limbs(own.w) or nil)
+end
+
+-- The other active tenants' unused shares of `pool` (headroom.py unused_share, summed),
+-- known without visiting every tenant (active.py Unused): `approx` from the totals (share x
+-- weights - held, plus what the few tenants above their share hold beyond it), `slack`
+-- how far the two float computations can differ; `unused_against(u, free)` is a value
+-- that compares with the integer `free` as the tenant-by-tenant sum does (computed, from
+-- every record, only when `free` is within `slack` of `approx`).
+local EPSILON = 2 ^ -53
+
+local function unused_of(t, tenant, own, weights, pool, total)
+  local held = t.h - (own and own.h or 0)
+  local per_weight = pool / total
+  local approx = per_weight * weights - held
+  local scale = per_weight * weights + held
+  local above = redis.call('ZREVRANGEBYSCORE', K_ACTR, '+inf', fmt(per_weight * (1 - 1e-9)))
+  for _, name in ipairs(above) do
+    if name ~= tenant then
+      local a = activity(name)
+      approx = approx + math.max(0, a.h - a.w * per_weight)
+      scale = scale + a.h + a.w * per_weight
+    end
+  end
+  local n = t.n + #above
+  return {approx = math.max(0, approx), slack = 4 * (n + 16) * EPSILON * (scale + 1) + 1e-9,
+          tenant = tenant, pool = pool, total = total}
+end
+
+local function unused_against(u, free)
+  if math.abs(free - u.approx) > u.slack then return u.approx end
+  if u.exact == nil then
+    local sum = 0
+    local flat = redis.call('HGETALL', K_ACT)
+    for i = 1, #flat, 2 do
+      if flat[i] ~= u.tenant then
+        local a = decoded(flat[i + 1])
+        sum = sum + math.max(0, a.w * u.pool / u.total - a.h)
+      end
+    end
+    u.exact = sum
+  end
+  return u.exact
 end
 
 local function over_share(held, need, average, weight, total, capacity)
@@ -189,7 +418,7 @@ local function drop_lease(id, used)
   if not raw then return nil end
   redis.call('HDEL', K_LEASES, id)
   local l = cjson.decode(raw)
-  observe(l.t, nil, num(redis.call('HGET', K_TEN, 'k:' .. l.t)), nil)
+  local rec = observe(l.t, nil, num(redis.call('HGET', K_TEN, 'k:' .. l.t)), nil)
   local freed = l.h and drop_prefix(l.e, l.h) or 0
   add(K_LOAD, 'b:' .. l.e, -(private(l, l.b) + freed))
   add(K_LOAD, 's:' .. l.e, -l.s)
@@ -200,6 +429,7 @@ local function drop_lease(id, used)
     local level = bucket_level(l.t, 't', l.tpm) + (l.k - used)
     bucket_set(l.t, 't', l.tpm, math.max(-l.tpm, math.min(l.tpm, level)))
   end
+  settle(l.t, rec)
   changed = true
   return l
 end
@@ -330,6 +560,7 @@ local function leave(id, served)
   redis.call('ZREM', K_Q, e.m)
   redis.call('ZREM', K_QTF, e.q)
   if not served then close_gap(e) end
+  settle(e.t, nil)
   changed = true
   return e
 end
@@ -369,7 +600,10 @@ local function blocked(key, engines, own, passable)
         local e = entry(id)
         local competes = false
         for _, name in ipairs(e.e) do
-          if engines[name] then competes = true end
+          if engines[name] then
+            competes = true
+            break
+          end
         end
         if competes and (passable == nil or not passable(e)) then return true end
       end
@@ -381,10 +615,19 @@ end
 
 -- ---- housekeeping -----------------------------------------------------------------------
 -- Every key gets a TTL; a script never shortens one (a long queue wait may have set more).
+-- The active tenants' records and their aggregates (11, 13, 14, 15) share the longest of
+-- their TTLs: they expire together or not at all.
+local SHARED_TTL = {[11] = true, [13] = true, [14] = true, [15] = true}
+
 local function touch(ttl_ms)
+  local cur, shared = {}, ttl_ms
   for i = 1, #KEYS do
-    local cur = redis.call('PTTL', KEYS[i])
-    if cur ~= -2 and cur < ttl_ms then redis.call('PEXPIRE', KEYS[i], ttl_ms) end
+    cur[i] = redis.call('PTTL', KEYS[i])
+    if SHARED_TTL[i] and cur[i] > shared then shared = cur[i] end
+  end
+  for i = 1, #KEYS do
+    local want = SHARED_TTL[i] and shared or ttl_ms
+    if cur[i] ~= -2 and cur[i] < want then redis.call('PEXPIRE', KEYS[i], want) end
   end
 end
 

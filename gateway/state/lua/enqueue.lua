@@ -17,11 +17,7 @@ if cap and queued >= cap then return finish('tenant_queue_full') end
 -- Headroom for the line (gateway/core/headroom.py line_allows): a tenant above its
 -- weighted share of max_length leaves the last places to the others while they are active.
 if headroom > 0 then
-  local weights = active_tenants(window)
-  local others = 0
-  for name, w in pairs(weights) do
-    if name ~= tenant then others = others + w end
-  end
+  local others = others_weight(active_now(window), activity(tenant))
   local length = redis.call('ZCARD', K_QEXP)
   if others > 0 and (queued + 1) * (weight + others) > weight * max_length
       and length + 1 > (1 - headroom) * max_length then
@@ -31,7 +27,9 @@ end
 local engines = {}
 for i = 17, #ARGV do engines[#engines + 1] = ARGV[i] end
 push(id, tenant, prio, weight, engines, blocks, NOW + max_wait, owner, lease_ttl, burst)
+local rec = nil
 if headroom > 0 then
-  observe(tenant, weight, num(redis.call('HGET', K_TEN, 'k:' .. tenant)), window)
+  rec = observe(tenant, weight, num(redis.call('HGET', K_TEN, 'k:' .. tenant)), window)
 end
+settle(tenant, rec)
 return finish('queued')

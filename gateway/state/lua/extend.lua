@@ -11,11 +11,12 @@ if not raw then return finish(0) end
 local l, target = cjson.decode(raw), tonumber(ARGV[5])
 local more = target - l.b
 if more <= 0 then return finish(l.b) end
-observe(l.t, nil, num(redis.call('HGET', K_TEN, 'k:' .. l.t)), nil) -- before `held` changes
+local rec = observe(l.t, nil, num(redis.call('HGET', K_TEN, 'k:' .. l.t)), nil) -- before
 l.b = target
 redis.call('HSET', K_LEASES, ARGV[3], cjson.encode(l))
 add(K_LOAD, 'b:' .. l.e, more)
 add(K_TEN, 'k:' .. l.t, more)
+settle(l.t, rec)
 if present(l.p) and present(l.w) then
   local f = 'f:' .. l.p .. ':' .. l.t
   local start = math.max(virtual_now(l.p), num(redis.call('HGET', K_FAIR, f)))

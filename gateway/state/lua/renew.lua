@@ -15,7 +15,7 @@ for i = 5 + entries, #ARGV - 1, 2 do
       and not redis.call('ZSCORE', K_LEXP, id) then
     local raw = ARGV[i + 1]
     local l = cjson.decode(raw)
-    observe(l.t, nil, num(redis.call('HGET', K_TEN, 'k:' .. l.t)), nil)
+    local rec = observe(l.t, nil, num(redis.call('HGET', K_TEN, 'k:' .. l.t)), nil)
     redis.call('HSET', K_LEASES, id, raw)
     redis.call('ZADD', K_LEXP, NOW + ttl, id)
     local new = l.h and hold_prefix(l.e, l.h) or 0
@@ -24,6 +24,7 @@ for i = 5 + entries, #ARGV - 1, 2 do
     add(K_LOAD, 'p:' .. l.e, private(l, l.pb or 0) + new)
     add(K_TEN, 'n:' .. l.t, 1)
     add(K_TEN, 'k:' .. l.t, l.b)
+    settle(l.t, rec)
     restored[#restored + 1] = id
   end
 end
