@@ -26,7 +26,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 
@@ -78,8 +78,12 @@ class VllmEngine:
         startup_timeout_s: float = 240.0,
         stop_grace_s: float = 15.0,
         extra_args: Sequence[str] = (),
+        env: Mapping[str, str] | None = None,
     ) -> None:
+        """`env`: variables added to the engine's environment (e.g.
+        VLLM_CPU_OMP_THREADS_BIND to keep its threads on some cores)."""
         self.model_dir = Path(model_dir)
+        self.env = dict(env or {})
         self.kv_cache_memory_bytes = kv_cache_memory_bytes
         self.port = port or free_port()
         self.python = Path(venv) / "bin" / "python"
@@ -152,7 +156,7 @@ class VllmEngine:
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
-                env=engine_env(self._cache_root),
+                env={**engine_env(self._cache_root), **self.env},
                 start_new_session=True,
                 preexec_fn=die_with_parent,
             )
