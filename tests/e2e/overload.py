@@ -73,7 +73,10 @@ async def run_overload(
     base_url: str, engine_url: str, *, requests: int = 20, max_tokens: int = 200
 ) -> OverloadOutcome:
     """Send `requests` concurrent streaming completions to `base_url`, watch `engine_url`."""
-    async with httpx.AsyncClient(timeout=10.0) as http:
+    # A fresh connection per scrape: a kept-alive one can be closed by the engine's server as
+    # the next scrape is sent ("Server disconnected without sending a response", seen in CI).
+    limits = httpx.Limits(max_keepalive_connections=0)
+    async with httpx.AsyncClient(timeout=10.0, limits=limits) as http:
         before = await ascrape(engine_url, http)
         peaks = {"running": 0.0, "waiting": 0.0, "usage": 0.0, "samples": 0.0}
         done = asyncio.Event()
