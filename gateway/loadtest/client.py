@@ -61,6 +61,9 @@ def request_body(
     return json.dumps(body, separators=(",", ":")).encode()
 
 
+KEEPALIVE_S = 2.0
+
+
 class Client:
     """Sends attempts to one of `base_urls` (round robin when there are several: a client
     spreading its load over engines itself).
@@ -97,7 +100,13 @@ class Client:
         self._session: aiohttp.ClientSession | None = None
 
     async def __aenter__(self) -> Client:
-        connector = aiohttp.TCPConnector(limit=0, force_close=False, enable_cleanup_closed=True)
+        # Idle connections are dropped after KEEPALIVE_S, before the server's own keep-alive
+        # (uvicorn's, vLLM's: 5 s; aiohttp keeps them 15 s by default) closes one under the
+        # next request: that race counts as an error of the target (ServerDisconnectedError,
+        # seen against vLLM in the e2e sweep).
+        connector = aiohttp.TCPConnector(
+            limit=0, force_close=False, enable_cleanup_closed=True, keepalive_timeout=KEEPALIVE_S
+        )
         self._session = aiohttp.ClientSession(connector=connector, timeout=self._timeout)
         return self
 
