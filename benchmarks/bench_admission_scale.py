@@ -66,14 +66,12 @@ def _percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, math.ceil(q * len(ordered)) - 1)]
 
 
-async def decisions(engines: int, tenants: int, waiting: int, seconds: float) -> dict[str, Any]:
-    from gateway.core.routing import Candidate, Router
+def _scenario(engines: int, tenants: int, waiting: int) -> tuple[Any, frozenset[str], list[Any]]:
+    """The asks' candidates (an 8-block need on each of `engines` large enough for every
+    lease and waiter), the engines' names, and one policy per tenant."""
+    from gateway.core.routing import Candidate
     from gateway.core.types import EngineLoad, EngineSpec, EngineView, Footprint, TenantPolicy
-    from gateway.state.base import AdmissionAsk, Lease, QueueEntry
-    from gateway.state.memory import InMemoryStore
 
-    clock = Clock()
-    store = InMemoryStore(Router(), random.Random(0), clock=clock)
     blocks = 8 * (2 * tenants + waiting) // engines + 200
     specs = [
         EngineSpec(f"e{i}", f"http://e{i}", frozenset({"m"}), blocks + 1, 16, 10**6, 10**6)
@@ -82,7 +80,18 @@ async def decisions(engines: int, tenants: int, waiting: int, seconds: float) ->
     need = Footprint(8, 1, 128)
     candidates = tuple(Candidate(EngineView(s, EngineLoad()), need) for s in specs)
     names = frozenset(s.name for s in specs)
-    policies = [TenantPolicy(name=f"t{i}") for i in range(tenants)]
+    return candidates, names, [TenantPolicy(name=f"t{i}") for i in range(tenants)]
+
+
+async def decisions(engines: int, tenants: int, waiting: int, seconds: float) -> dict[str, Any]:
+    from gateway.core.routing import Router
+    from gateway.core.types import TenantPolicy
+    from gateway.state.base import AdmissionAsk, Lease, QueueEntry
+    from gateway.state.memory import InMemoryStore
+
+    clock = Clock()
+    store = InMemoryStore(Router(), random.Random(0), clock=clock)
+    candidates, names, policies = _scenario(engines, tenants, waiting)
 
     def ask(i: int, policy: TenantPolicy) -> AdmissionAsk:
         return AdmissionAsk(f"ask-{i}", candidates, 1.0, policy)
@@ -126,8 +135,7 @@ async def redis_decisions(
 ) -> dict[str, Any]:
     import redis.asyncio as aioredis
 
-    from gateway.core.routing import DEFAULT_SCORERS, Candidate
-    from gateway.core.types import EngineLoad, EngineSpec, EngineView, Footprint, TenantPolicy
+    from gateway.core.routing import DEFAULT_SCORERS
     from gateway.state.base import AdmissionAsk, Lease, QueueEntry
     from gateway.state.redis import RedisStore
 
@@ -145,15 +153,7 @@ async def redis_decisions(
     )
     client = aioredis.from_url(url)
     try:
-        blocks = 8 * (2 * tenants + waiting) // engines + 200
-        specs = [
-            EngineSpec(f"e{i}", f"http://e{i}", frozenset({"m"}), blocks + 1, 16, 10**6, 10**6)
-            for i in range(engines)
-        ]
-        need = Footprint(8, 1, 128)
-        candidates = tuple(Candidate(EngineView(s, EngineLoad()), need) for s in specs)
-        names = frozenset(s.name for s in specs)
-        policies = [TenantPolicy(name=f"t{i}") for i in range(tenants)]
+        candidates, names, policies = _scenario(engines, tenants, waiting)
         store.headroom, headroom = 0.0, store.headroom  # set-up: records written below
 
         async def setup(i: int) -> None:
