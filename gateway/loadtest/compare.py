@@ -283,8 +283,6 @@ async def _mixed(
     rate_label: str,
 ) -> list[dict[str, Any]]:
     """Every target at once, one run, the requests in turn (`order: mixed`)."""
-    from gateway.loadtest.cli import admin_key
-
     if fleet is not None:
         await fleet.restart()
     gateways: list[ManagedGateway] = []
@@ -296,17 +294,9 @@ async def _mixed(
         assert model is not None
         max_len = min((t.max_model_len for t in resolved if t.max_model_len), default=None)
         cfg = _run_config(args, model, max_len, rate)
+        labels = [_label(t.name, rate_label) for t in resolved]
         return await measure_mixed(
-            resolved,
-            cfg,
-            builder,
-            slo=slo,
-            labels=[f"{t.name} @ {rate_label}" if rate_label else t.name for t in resolved],
-            scrape_interval_s=args.scrape_interval,
-            admin_key=admin_key(args),
-            progress=not args.quiet,
-            timeout_s=args.timeout,
-            extra={"rate_label": rate_label or "run", "rate": rate},
+            resolved, cfg, builder, labels=labels, **_measuring(args, slo, rate, rate_label)
         )
     finally:
         for g in gateways:
@@ -347,6 +337,26 @@ async def _resolve(
     )
 
 
+def _label(name: str, rate_label: str) -> str:
+    return f"{name} @ {rate_label}" if rate_label else name
+
+
+def _measuring(
+    args: argparse.Namespace, slo: Slo, rate: float | None, rate_label: str
+) -> dict[str, Any]:
+    """What `measure` and `measure_mixed` take from the command line, for one rate."""
+    from gateway.loadtest.cli import admin_key
+
+    return {
+        "slo": slo,
+        "scrape_interval_s": args.scrape_interval,
+        "admin_key": admin_key(args),
+        "progress": not args.quiet,
+        "timeout_s": args.timeout,
+        "extra": {"rate_label": rate_label or "run", "rate": rate},
+    }
+
+
 def _run_config(
     args: argparse.Namespace, model: str, max_model_len: int | None, rate: float | None
 ) -> RunConfig:
@@ -369,8 +379,6 @@ async def _one(
     *,
     requests: int | None = None,
 ) -> dict[str, Any]:
-    from gateway.loadtest.cli import admin_key
-
     if fleet is not None and (target.direct or target.gateway is not None):
         await fleet.restart()
     gateways: list[ManagedGateway] = []
@@ -380,18 +388,9 @@ async def _one(
         cfg = _run_config(args, resolved.model, resolved.max_model_len, rate)
         if requests is not None:
             cfg = replace(cfg, max_requests=requests, duration_s=None, warmup=0)
-        label = f"{target.name} @ {rate_label}" if rate_label else target.name
+        label = _label(target.name, rate_label)
         return await measure(
-            resolved,
-            cfg,
-            builder,
-            slo=slo,
-            label=label,
-            scrape_interval_s=args.scrape_interval,
-            admin_key=admin_key(args),
-            progress=not args.quiet,
-            timeout_s=args.timeout,
-            extra={"rate_label": rate_label or "run", "rate": rate},
+            resolved, cfg, builder, label=label, **_measuring(args, slo, rate, rate_label)
         )
     finally:
         for g in gateways:
