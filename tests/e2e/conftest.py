@@ -16,7 +16,8 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -134,20 +135,40 @@ def vllm_url(
         return
     model_dir: Path = request.getfixturevalue("vllm_model_dir")
     events: str | None = request.getfixturevalue("vllm_kv_events")
+    log_dir = tmp_path_factory.mktemp("vllm")
+    with own_engine(model_dir, log_dir, "engine start", extra_args=kv_events_args(events)) as url:
+        yield url
+
+
+@contextmanager
+def own_engine(
+    model_dir: Path,
+    log_dir: Path,
+    figure: str | None = None,
+    *,
+    kv_cache_memory_bytes: int = KV_CACHE_MEMORY_BYTES,
+    extra_args: Sequence[str] = (),
+    env: Mapping[str, str] | None = None,
+) -> Iterator[str]:
+    """A real engine of the tests' shape (`MAX_MODEL_LEN`, `MAX_NUM_SEQS`) for the length of
+    the block, its log in `log_dir`; a failed start fails the test with the engine's words.
+    `figure`: record the start-up time under that name."""
     engine = VllmEngine(
         model_dir,
-        kv_cache_memory_bytes=KV_CACHE_MEMORY_BYTES,
+        kv_cache_memory_bytes=kv_cache_memory_bytes,
         max_model_len=MAX_MODEL_LEN,
         max_num_seqs=MAX_NUM_SEQS,
         venv=VLLM_VENV,
-        log_path=tmp_path_factory.mktemp("vllm") / "engine.log",
-        extra_args=kv_events_args(events),
+        log_path=log_dir / "engine.log",
+        extra_args=extra_args,
+        env=env,
     )
     try:
         engine.start()
     except EngineStartError as exc:
         explain_failure(str(exc))
-    record_figure("engine start (to /health 200)", f"{engine.startup_s:.1f} s")
+    if figure is not None:
+        record_figure(f"{figure} (to /health 200)", f"{engine.startup_s:.1f} s")
     try:
         yield engine.url
     finally:

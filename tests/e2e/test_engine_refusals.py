@@ -12,7 +12,6 @@ import pytest
 
 from tests.e2e import conftest
 from tests.e2e.gateway_process import GatewayProcess, gateway_config
-from tools.vllm.engine import EngineStartError, VllmEngine
 
 pytestmark = pytest.mark.vllm
 
@@ -24,23 +23,13 @@ BLOCKS = 32  # 4 MiB: room for all 8 at once, so only the front door refuses
 def refusing_engine(
     vllm_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[str]:
-    engine = VllmEngine(
+    with conftest.own_engine(
         vllm_model_dir,
+        tmp_path_factory.mktemp("vllm-refusing"),
         kv_cache_memory_bytes=BLOCKS * conftest.BLOCK_SIZE * 1024,
-        max_model_len=conftest.MAX_MODEL_LEN,
-        max_num_seqs=conftest.MAX_NUM_SEQS,
-        venv=conftest.VLLM_VENV,
-        log_path=tmp_path_factory.mktemp("vllm-refusing") / "engine.log",
         extra_args=["--max-num-queued-reqs", str(QUEUED_REQS)],
-    )
-    try:
-        engine.start()
-    except EngineStartError as exc:
-        conftest.explain_failure(str(exc))
-    try:
-        yield engine.url
-    finally:
-        engine.stop()
+    ) as url:
+        yield url
 
 
 def _rejections(url: str) -> float:

@@ -6,7 +6,7 @@ and back-to-back runs' rates swing by ±25 % (five runs of sequential rounds on 
 gave overall ratios 0.82, 0.87, 0.94, 0.96 and 1.09): a 5 % difference cannot be told from
 noise between runs. So the comparison is made within one run: `kv-gateway loadtest compare
 --order mixed` sends the requests of one closed loop to the engine directly, through the
-gateway, and through a bare TCP relay (tests/e2e/relay.py) in turn, so that all three share
+gateway, and through a bare TCP relay (tests/state/tcp_proxy.py) in turn, so that all three share
 the engine, its batch and the machine at the same moments. In a closed loop throughput is
 concurrency over the mean request time, so a throughput ratio is a ratio of mean request
 times.
@@ -44,7 +44,6 @@ from gateway.cli import main
 from gateway.harness import CommandProcess, free_port
 from tests.e2e import conftest
 from tests.e2e.gateway_process import gateway_config, serving_gateway
-from tools.vllm.engine import EngineStartError, VllmEngine
 
 pytestmark = pytest.mark.vllm
 
@@ -59,23 +58,12 @@ def bound_engine(vllm_model_dir: Path, tmp_path_factory: pytest.TempPathFactory)
     fight the engine's spinning threads for both: the conditions are the same in every run
     (with both cores the engine starves the processes in the path, and the ratios measure
     the machine's scheduler)."""
-    engine = VllmEngine(
+    with conftest.own_engine(
         vllm_model_dir,
-        kv_cache_memory_bytes=conftest.KV_CACHE_MEMORY_BYTES,
-        max_model_len=conftest.MAX_MODEL_LEN,
-        max_num_seqs=conftest.MAX_NUM_SEQS,
-        venv=conftest.VLLM_VENV,
-        log_path=tmp_path_factory.mktemp("vllm-bound") / "engine.log",
+        tmp_path_factory.mktemp("vllm-bound"),
         env={"VLLM_CPU_OMP_THREADS_BIND": "0"},
-    )
-    try:
-        engine.start()
-    except EngineStartError as exc:
-        conftest.explain_failure(str(exc))
-    try:
-        yield engine.url
-    finally:
-        engine.stop()
+    ) as url:
+        yield url
 
 
 @pytest.fixture(scope="module")
@@ -89,7 +77,7 @@ def relay(bound_engine: str, tmp_path: Path) -> Iterator[str]:
     host, port = bound_engine.removeprefix("http://").rsplit(":", 1)
     listen = free_port()
     process = CommandProcess(
-        [sys.executable, "-m", "tests.e2e.relay", host, port, str(listen)],
+        [sys.executable, "-m", "tests.state.tcp_proxy", host, port, str(listen)],
         port=listen,
         workdir=tmp_path,
         startup_timeout_s=30,

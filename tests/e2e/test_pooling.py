@@ -19,31 +19,19 @@ import pytest
 
 from tests.e2e import conftest
 from tests.e2e.gateway_process import GatewayProcess, gateway_config, serving_gateway
-from tools.vllm.engine import EngineStartError, VllmEngine
 
 pytestmark = pytest.mark.vllm
 
 
 @pytest.fixture(scope="module")
 def pooling_url(vllm_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    engine = VllmEngine(
+    with conftest.own_engine(
         vllm_model_dir,
-        kv_cache_memory_bytes=conftest.KV_CACHE_MEMORY_BYTES,
-        max_model_len=conftest.MAX_MODEL_LEN,
-        max_num_seqs=conftest.MAX_NUM_SEQS,
-        venv=conftest.VLLM_VENV,
-        log_path=tmp_path_factory.mktemp("vllm-pooling") / "engine.log",
+        tmp_path_factory.mktemp("vllm-pooling"),
+        "pooling engine start",
         extra_args=("--runner", "pooling", "--convert", "embed"),
-    )
-    try:
-        engine.start()
-    except EngineStartError as exc:
-        conftest.explain_failure(str(exc))
-    conftest.record_figure("pooling engine start (to /health 200)", f"{engine.startup_s:.1f} s")
-    try:
-        yield engine.url
-    finally:
-        engine.stop()
+    ) as url:
+        yield url
 
 
 @pytest.fixture(scope="module")

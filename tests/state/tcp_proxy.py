@@ -1,5 +1,9 @@
 """A TCP forwarder to Redis that a test can cut and restore: Redis lost and back, without
-touching the session's server."""
+touching the session's server.
+
+Also a bare relay in a process of its own, the control for what any hop between a client and
+an engine costs (tests/e2e/test_parity.py): `python -m tests.state.tcp_proxy HOST PORT
+LISTEN_PORT` forwards bytes, reads nothing, decides nothing, until killed."""
 
 from __future__ import annotations
 
@@ -69,3 +73,16 @@ class TcpProxy:
             pass
         finally:
             writer.close()
+
+
+async def _relay_forever(host: str, port: int, listen: int) -> None:
+    proxy = TcpProxy((host, port))
+    proxy.port = listen
+    await proxy.start()
+    await asyncio.Event().wait()
+
+
+if __name__ == "__main__":
+    import sys
+
+    asyncio.run(_relay_forever(sys.argv[1], int(sys.argv[2]), int(sys.argv[3])))
