@@ -179,6 +179,9 @@ class RedisStore:
         self._queued: set[str] = set()  # this replica's waiters' entries, renewed like leases
         self._pending_release: dict[str, int | None] = {}  # to retry once Redis is back
         self._pending_dequeue: set[str] = set()
+        # Held by a renewal round: a lease released while its renewal is on the way is written
+        # again by renew.lua and released once the reply is read (`flush` waits for that).
+        self._renewing = asyncio.Lock()
         self._down_until = 0.0  # monotonic; before it, skip Redis
         self._changed = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
@@ -345,6 +348,16 @@ class RedisStore:
         """True while Redis is considered unreachable (calls take the failure path)."""
         return time.monotonic() < self._down_until
 
+    async def flush(self) -> None:
+        """Wait for a renewal round on its way, then send the releases and dequeues not yet
+        sent (made while Redis was away, or a lease the round wrote again as it was being
+        released). Afterwards Redis holds exactly what this replica still holds. Raises
+        `StateUnavailable` if Redis does not answer."""
+        async with self._renewing:
+            if self.degraded:
+                await asyncio.sleep(max(0.0, self._down_until - time.monotonic()))
+            await self._catch_up()
+
     @property
     def held(self) -> frozenset[str]:
         """Ids of the leases this replica holds in Redis and renews."""
@@ -508,9 +521,10 @@ class RedisStore:
         while True:
             await asyncio.sleep(self.lease_ttl_s / 3)
             try:
-                await self._catch_up()
-                if self._held or self._queued:
-                    await self._renew(dict(self._held), sorted(self._queued))
+                async with self._renewing:
+                    await self._catch_up()
+                    if self._held or self._queued:
+                        await self._renew(dict(self._held), sorted(self._queued))
             except StateUnavailable:
                 pass  # logged by _call; tried again next round
             except Exception:  # never let the renewals die: the leases would expire

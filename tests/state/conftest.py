@@ -6,7 +6,6 @@ test the store must hold nothing — no lease, no queue entry, no tenant in flig
 key it left in Redis must have a TTL; then the test's keys are deleted.
 """
 
-import asyncio
 import random
 import uuid
 
@@ -16,7 +15,7 @@ import redis.asyncio as aioredis
 from gateway.core.routing import DEFAULT_SCORERS, Router
 from gateway.state.fallback import FailOpenLocal
 from gateway.state.memory import InMemoryStore
-from gateway.state.redis import RETRY_REDIS_AFTER_S, RedisStore
+from gateway.state.redis import RedisStore
 from gateway.state.totals import StoreTotals
 from tests.redis_server import redis_url
 
@@ -53,15 +52,13 @@ async def assert_clean(prefix: str) -> None:
 
 
 async def sent_pending(store) -> None:
-    """A release the store could not send (a Redis call slower than `timeout_s` on a loaded
-    machine marks Redis away for a moment) is sent by its renewal task later; send it now,
-    so the check below sees what the store will leave behind, not when."""
+    """A release the store has not sent yet (a Redis call slower than `timeout_s` on a loaded
+    machine marks Redis away for a moment; or a renewal round on its way wrote the lease again
+    as it was released) is sent by its renewal task later; send it now, so the check below sees
+    what the store will leave behind, not when."""
     redis_store_ = getattr(store, "shared", store)
-    if not isinstance(redis_store_, RedisStore) or not redis_store_.pending:
-        return
-    if redis_store_.degraded:
-        await asyncio.sleep(RETRY_REDIS_AFTER_S)  # the store's back-off after a failed call
-    await redis_store_._catch_up()
+    if isinstance(redis_store_, RedisStore):
+        await redis_store_.flush()
 
 
 @pytest.fixture
@@ -120,6 +117,7 @@ async def store_with(request, prefix):
     try:
         yield make
         for s in made:
+            await sent_pending(s)
             totals = await s.totals()
             assert totals == StoreTotals(), totals
         if request.param == "redis":

@@ -229,6 +229,28 @@ async def test_a_lease_released_during_its_renewal_is_not_left_behind(replicas, 
     assert store.held == frozenset()
 
 
+async def test_flush_waits_for_a_renewal_on_its_way(replicas):
+    """A renewal round took its snapshot and reaches Redis after the release: it writes the
+    lease again. `flush` returns only once that round has released it again."""
+    store = replicas("replica-a", lease_ttl_s=30)
+    lease = await store.try_admit(ask(spec("a"), blocks=3))
+    snapshot = {lease.id: store._held[lease.id]}
+    released = asyncio.Event()
+
+    async def round_on_its_way() -> None:
+        async with store._renewing:
+            await released.wait()
+            await store._renew(snapshot)
+
+    task = asyncio.create_task(round_on_its_way())
+    await asyncio.sleep(0)  # the round holds the lock
+    assert await store.release(lease) is True
+    released.set()
+    await store.flush()
+    assert task.done()
+    assert await store.totals() == StoreTotals()
+
+
 async def test_a_waiter_on_one_replica_wakes_on_a_release_on_another(replicas):
     one, other = replicas("one"), replicas("other")
     lease = await one.try_admit(ask(spec("a"), blocks=2))
