@@ -99,7 +99,9 @@ async def test_a_repeated_prompt_is_credited_and_vllm_stays_within_the_reservati
     assert _hits(vllm_url) - hits_before >= credit * size
     reserved = first_blocks + second_whole - credit
     assert watch.used and max(watch.used) <= reserved, watch
-    assert set(watch.reserved) <= {0, first_blocks, reserved}, watch
+    # Reserved: nothing, the first alone, both; or the second alone with the shared blocks it
+    # now holds by itself (`second_whole`: the first ended first, seen once on a busy CI run).
+    assert set(watch.reserved) <= {0, first_blocks, reserved, second_whole}, watch
     conftest.record_figure(
         f"prefix credit for a repeated {tokens}-token prompt",
         f"reserved {first_blocks} + {second_whole - credit} (credit {credit}) of {usable}; "
