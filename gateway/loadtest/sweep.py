@@ -381,6 +381,7 @@ def _row_figures(result: dict[str, Any]) -> dict[str, Any]:
         "e2e_p50_ms": lat["e2e"]["p50"] if lat["e2e"] else None,
         "e2e_p95_ms": lat["e2e"]["p95"] if lat["e2e"] else None,
         "success_rate": s["success_rate"],
+        "failures": s["failures"],
         "peak_kv_usage": m.get("peak_kv_usage"),
         "preemptions": m.get("preemptions"),
         "goodput": s["throughput"]["goodput_requests_per_s"],

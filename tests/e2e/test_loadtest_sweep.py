@@ -23,6 +23,7 @@ pytestmark = pytest.mark.vllm
 
 BYTES_PER_BLOCK = conftest.BLOCK_SIZE * 1024  # fp32 tiny model: 1,024 B per token
 BLOCKS = [32, 12, 6]  # large to small: TTFT and preemptions should grow as the cache shrinks
+DROPPED = "error:0:ServerDisconnectedError"  # a connection closed before any answer
 
 
 def test_sweep_kv_cache_bytes_on_the_real_engine(
@@ -85,7 +86,13 @@ def test_sweep_kv_cache_bytes_on_the_real_engine(
     for row, blocks in zip(rows, BLOCKS, strict=True):
         # The planner's prediction for the byte budget is what the engine reports.
         assert row["planned_blocks"] == row["reported_blocks"] == blocks
-        assert row["success_rate"] == 1.0
+        # Every request answered, but for this: on a busy 2-core machine vLLM's API server now
+        # and then closes a connection without reading its request (a CI run and a run by
+        # hand each lost 1-2 of 40 as ServerDisconnectedError before any byte; vLLM's access
+        # log had 46 of the 48 requests, and its /metrics did not answer for 11 s around
+        # them). That is the engine's, going direct; anything else fails the test.
+        failures = row["failures"]
+        assert set(failures) <= {DROPPED} and sum(failures.values()) <= 2, failures
     large, middle, small = rows
     # 8 requests growing to 250 tokens (2 blocks each) fit in 31 usable blocks; in 11 five
     # run at once, in 5 two: preemptions, and requests waiting for their first token.
@@ -99,6 +106,9 @@ def test_sweep_kv_cache_bytes_on_the_real_engine(
     # later, so a small cache can give a first token as soon as a large one; seen 1.5 s vs
     # 1.2 s.) Medians: one stall of the engine on a busy 2-core machine moves a mean.
     assert large["e2e_p50_ms"] < small["e2e_p50_ms"]
+    dropped = sum(r["failures"].get(DROPPED, 0) for r in rows)
+    if dropped:
+        conftest.record_figure("loadtest sweep: connections vLLM dropped", str(dropped))
     conftest.record_figure(
         "loadtest sweep (blocks: preemptions, TTFT p50 / mean ms, E2E p50 ms)",
         ", ".join(
