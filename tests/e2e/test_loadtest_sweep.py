@@ -89,7 +89,7 @@ def test_sweep_kv_cache_bytes_on_the_real_engine(
         # The planner's prediction for the byte budget is what the engine reports.
         assert row["planned_blocks"] == row["reported_blocks"] == blocks
         # Every request answered, but for this: on a busy 2-core machine vLLM's API server now
-        # and then closes a kept-alive connection without reading its request (three CI runs
+        # and then closes a kept-alive connection without reading its request (two CI runs
         # and a run by hand each lost 1-2 of 40 before any byte, as ServerDisconnectedError or
         # ClientOSError; vLLM's access log had 46 of the 48 requests, and its /metrics did not
         # answer for 11 s around them). That is the engine's, going direct; anything else, or

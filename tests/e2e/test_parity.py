@@ -137,12 +137,8 @@ def test_below_saturation_the_gateway_keeps_the_engines_throughput(
 def _mean_s(gateway_url: str, histogram: str) -> float:
     """The mean of the gateway's `kv_gateway_<histogram>_seconds` over its life."""
     page = httpx.get(f"{gateway_url}/metrics", timeout=10).text
-    total = {"sum": 0.0, "count": 0.0}
-    for family in text_string_to_metric_families(page):
-        if family.name == f"kv_gateway_{histogram}_seconds":
-            for sample in family.samples:
-                for kind in total:
-                    if sample.name.endswith("_" + kind):
-                        total[kind] += sample.value
+    samples = [s for family in text_string_to_metric_families(page) for s in family.samples]
+    name = f"kv_gateway_{histogram}_seconds"
+    total = {k: sum(s.value for s in samples if s.name == f"{name}_{k}") for k in ("sum", "count")}
     assert total["count"] > 0, f"no {histogram} observed"
     return total["sum"] / total["count"]
