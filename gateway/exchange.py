@@ -99,8 +99,9 @@ PASS_BACK = (b"content-type", b"content-length", b"content-encoding", b"cache-co
 ENGINE_FULL_HOLD_S = 0.5
 """How long an engine that refused at its front door is passed over (unless a request of
 the gateway's on it ends first)."""
-MAX_ENGINE_REFUSALS = 8
-"""Front-door refusals one request takes before its client gets a 429."""
+MIN_ENGINE_REFUSALS = 8
+"""Front-door refusals one request takes at least before its client gets a 429 (it takes
+more while it is younger than `queue.max_wait_s`: refusals are waited out like the line)."""
 
 
 class UpstreamAnswer(Protocol):
@@ -466,13 +467,18 @@ class Exchange:
         assert lease is not None and self._inbound is not None
         await asyncio.shield(desk.service.release(lease, 0))  # nothing was generated
         desk.pool.refused(name, ENGINE_FULL_HOLD_S)  # after its own release, which would clear it
-        if refusals >= MAX_ENGINE_REFUSALS:
+        # A burst sent at once is refused, retried at once and refused again: which request
+        # wins the door is luck, so a count alone would hand one unlucky client a 429 while
+        # the rest were served. The request waits refusals out as long as it would wait in the
+        # line, and a client hears of them only after that.
+        patience = desk.service.scheduler.max_wait_s
+        if refusals >= MIN_ENGINE_REFUSALS and desk.clock() - self.arrived >= patience:
             self._nothing_generated = True
             raise RateLimited(
                 f"The engines serving `{self.model}` refused this request {refusals} times in "
-                "a row: their own queues are full.",
+                f"{desk.clock() - self.arrived:.0f} s: their own queues are full.",
                 code="engine_full",
-                retry=RetryAdvice(ENGINE_FULL_HOLD_S * refusals),
+                retry=RetryAdvice(ENGINE_FULL_HOLD_S * MIN_ENGINE_REFUSALS),
             )
         again = await desk.service.admit(self._inbound, self.tenant, counted=admitted.counted)
         self.lease = again.lease

@@ -10,6 +10,8 @@ part of a third; vLLM always computes the last prompt token, so a hit covers 2 b
 from __future__ import annotations
 
 import asyncio
+from dataclasses import dataclass
+from typing import Any
 
 import httpx
 import openai
@@ -47,17 +49,23 @@ def _hits(vllm_url: str) -> float:
     )
 
 
-async def test_a_repeated_prompt_is_credited_and_vllm_stays_within_the_reservations(
-    vllm_url: str, gateway: GatewayProcess
-) -> None:
-    prompt, tokens = await _prompt()
-    size = conftest.BLOCK_SIZE
-    first_blocks = ceil_div(tokens + FIRST_OUT, size)  # 4
-    second_whole = ceil_div(tokens + SECOND_OUT, size)  # 3
-    credit = (tokens - 1) // size  # 2
-    usable = gateway.status()["engines"][0]["capacity_blocks"]
-    # Without the credit the second would not fit beside the first: it would wait.
-    assert first_blocks + second_whole > usable >= first_blocks + second_whole - credit
+ATTEMPTS = 3
+"""Runs of the pair until the block watcher has seen vLLM's usage at least once: on a busy
+2-core machine vLLM's API server answered no `/metrics` for the whole run once (CI, stop 22:
+`used=[]`), which says nothing either way about the blocks it held."""
+
+
+@dataclass
+class Pair:
+    watch: BlockWatch
+    second: Any  # the second answer's raw response
+    first_done: bool
+    tail: list[str]
+    hits: float  # vLLM's prefix-cache hits during the pair, in tokens
+
+
+async def _pair(vllm_url: str, gateway: GatewayProcess, prompt: str, first_blocks: int) -> Pair:
+    """The first request streaming, the same prompt sent beside it, both read to their end."""
     hits_before = _hits(vllm_url)
     async with openai.AsyncOpenAI(
         base_url=f"{gateway.url}/v1", api_key="e2e", max_retries=0, timeout=120
@@ -86,24 +94,45 @@ async def test_a_repeated_prompt_is_credited_and_vllm_stays_within_the_reservati
                     timeout=60,
                 )
                 rest = [line async for line in lines if line]
-                first_done = bool(rest) and rest[-1] == "data: [DONE]"
-    assert first_done, rest[-3:]
-    # Admitted beside the first, credited with the blocks the first holds.
-    assert second.headers["x-kv-gateway-prefix-credit"] == str(credit), second.headers
-    assert second.headers["x-kv-gateway-blocks"] == str(second_whole - credit)
-    answer = second.parse()
-    assert answer.usage is not None and answer.usage.prompt_tokens == tokens
-    assert answer.usage.completion_tokens == SECOND_OUT
-    # vLLM shared them (its hit counter moved by at least the credited tokens) and never
-    # held more than the gateway reserved for both.
-    assert _hits(vllm_url) - hits_before >= credit * size
+    done = bool(rest) and rest[-1] == "data: [DONE]"
+    return Pair(watch, second, done, rest[-3:], _hits(vllm_url) - hits_before)
+
+
+async def test_a_repeated_prompt_is_credited_and_vllm_stays_within_the_reservations(
+    vllm_url: str, gateway: GatewayProcess
+) -> None:
+    prompt, tokens = await _prompt()
+    size = conftest.BLOCK_SIZE
+    first_blocks = ceil_div(tokens + FIRST_OUT, size)  # 4
+    second_whole = ceil_div(tokens + SECOND_OUT, size)  # 3
+    credit = (tokens - 1) // size  # 2
+    usable = gateway.status()["engines"][0]["capacity_blocks"]
+    # Without the credit the second would not fit beside the first: it would wait.
+    assert first_blocks + second_whole > usable >= first_blocks + second_whole - credit
     reserved = first_blocks + second_whole - credit
-    assert watch.used and max(watch.used) <= reserved, watch
-    # Reserved: nothing, the first alone, both; or the second alone with the shared blocks it
-    # now holds by itself (`second_whole`: the first ended first, seen once on a busy CI run).
-    assert set(watch.reserved) <= {0, first_blocks, reserved, second_whole}, watch
+    for _ in range(ATTEMPTS):
+        pair = await _pair(vllm_url, gateway, prompt, first_blocks)
+        assert pair.first_done, pair.tail
+        # Admitted beside the first, credited with the blocks the first holds.
+        second = pair.second
+        assert second.headers["x-kv-gateway-prefix-credit"] == str(credit), second.headers
+        assert second.headers["x-kv-gateway-blocks"] == str(second_whole - credit)
+        answer = second.parse()
+        assert answer.usage is not None and answer.usage.prompt_tokens == tokens
+        assert answer.usage.completion_tokens == SECOND_OUT
+        # vLLM shared them (its hit counter moved by at least the credited tokens).
+        assert pair.hits >= credit * size
+        watch = pair.watch
+        # Reserved: nothing, the first alone, both; or the second alone with the shared
+        # blocks it now holds by itself (`second_whole`: the first ended first, seen once).
+        assert set(watch.reserved) <= {0, first_blocks, reserved, second_whole}, watch
+        if watch.used:
+            break
+    # vLLM never held more than the gateway reserved for both.
+    assert watch.used, f"vLLM's usage was never sampled in {ATTEMPTS} runs: {watch}"
+    assert max(watch.used) <= reserved, watch
     conftest.record_figure(
         f"prefix credit for a repeated {tokens}-token prompt",
         f"reserved {first_blocks} + {second_whole - credit} (credit {credit}) of {usable}; "
-        f"vLLM peak {max(watch.used)} blocks, hits +{_hits(vllm_url) - hits_before:.0f} tokens",
+        f"vLLM peak {max(watch.used)} blocks, hits +{pair.hits:.0f} tokens",
     )

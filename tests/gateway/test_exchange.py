@@ -23,7 +23,7 @@ from gateway.core.types import EngineSpec, TenantPolicy
 from gateway.engines.monitor import EngineMonitor
 from gateway.engines.pool import EnginePool
 from gateway.errors import GatewayError, RateLimited, UpstreamUnavailable
-from gateway.exchange import MAX_ENGINE_REFUSALS, Exchange, Exchanges, tokens_used
+from gateway.exchange import MIN_ENGINE_REFUSALS, Exchange, Exchanges, tokens_used
 from gateway.metrics import GatewayMetrics
 from gateway.request import parse_body
 from gateway.scheduler import Scheduler
@@ -306,8 +306,42 @@ async def test_refused_everywhere_again_and_again_is_a_429_not_a_503() -> None:
     with pytest.raises(RateLimited) as refused:
         await run(exchange, body())
     assert refused.value.code == "engine_full"
-    assert len(d.engines.sent) == MAX_ENGINE_REFUSALS
+    # The queue's patience (1 s here) ran out before the 8th refusal: 2 engines, 0.5 s apart.
+    assert len(d.engines.sent) == MIN_ENGINE_REFUSALS
     assert await d.remaining_tokens() == TPM
+    await assert_nothing_held(d)
+
+
+@dataclass
+class RefusingFirst(Engines):
+    """Refuses the first `refusals` requests at the front door, then answers."""
+
+    refusals: int = 0
+
+    async def open(
+        self, base_url: str, path: str, body: bytes, headers: dict[str, str], *, streaming: bool
+    ) -> Scripted:
+        answer = await super().open(base_url, path, body, headers, streaming=streaming)
+        if len(self.sent) <= self.refusals:
+            return Scripted(status=503, body=[b'{"error": {"message": "busy"}}'])
+        return answer
+
+
+async def test_refusals_are_waited_out_while_the_request_is_younger_than_the_queue_patience(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A burst refused and retried together: one request may lose the door more than 8 times
+    # while the others are served. It is not the client's error before max_wait_s.
+    monkeypatch.setattr("gateway.exchange.ENGINE_FULL_HOLD_S", 0.05)
+    answer = whole({"total_tokens": 12, "completion_tokens": 2})
+    d = desk({url: Scripted(body=answer) for url in ("http://a", "http://b")})
+    engines = RefusingFirst(d.engines.answers, refusals=MIN_ENGINE_REFUSALS + 3)
+    d.exchanges.upstream = engines
+    d.service.scheduler.max_wait_s = 30.0
+    exchange = d.exchanges.start("completion", "req-1")
+    assert await run(exchange, body()) == answer
+    assert len(engines.sent) == MIN_ENGINE_REFUSALS + 4
+    assert await d.remaining_tokens() == TPM - 12  # charged once
     await assert_nothing_held(d)
 
 
