@@ -110,11 +110,11 @@ async def _run(
 ) -> tuple[RunResult, list[float]]:
     bar = Progress(title, cfg.max_requests, cfg.duration_s) if progress else None
     loop = asyncio.get_running_loop()
-    async with client:
+    async with client, scraper.client() as http:
         runner = Runner(cfg, builder, client, on_record=bar.update if bar else None)
         with _on_sigint(loop, runner.stop):
             load_start = cpu.loadavg()
-            scraping = asyncio.create_task(scraper.run(time.perf_counter()))
+            scraping = asyncio.create_task(scraper.run(http, time.perf_counter()))
             try:
                 result = await runner.run()
             finally:
@@ -125,8 +125,7 @@ async def _run(
                     await scraping
             # One last scrape: counters at the end of the run.
             with contextlib.suppress(httpx.HTTPError, OSError):
-                async with httpx.AsyncClient(timeout=5.0) as http:
-                    await scraper.scrape_once(http)
+                await scraper.scrape_once(http)
     return result, load_start
 
 
