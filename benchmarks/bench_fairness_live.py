@@ -129,14 +129,14 @@ def deployment(
         decode_ms_base=step_ms,
         decode_ms_per_seq=0.0,
         prefill_ms_per_token=0.0,
-        own_session=True,
+        own_group=True,
     ).start()
     redis = RedisServer().start() if state == "redis" else None
     gateways: list[GatewayProcess] = []
     try:
         cfg = gateway_config(engine.url, redis.url if redis else None, sets)
         for _ in range(replicas):
-            gateways.append(GatewayProcess(cfg, workdir, own_session=True).start())
+            gateways.append(GatewayProcess(cfg, workdir, own_group=True).start())
         pids = {
             "engine": engine.pid or 0,
             **{f"gateway{i}": g.pid or 0 for i, g in enumerate(gateways)},

@@ -112,7 +112,7 @@ def start_engine(
         decode_ms_base=decode_ms[0],
         decode_ms_per_seq=decode_ms[1],
         prefill_ms_per_token=prefill_ms_per_token,
-        own_session=True,  # Ctrl-C reaches only us; we stop the children in order
+        own_group=True,  # Ctrl-C reaches only us; we stop the children in order
         startup_timeout_s=STARTUP_TIMEOUT_S,
     )
     return sim.start(), sim.url
@@ -132,7 +132,7 @@ def gateway_config(engine_url: str, tokenizer: str, redis_url: str | None) -> di
 
 def start_gateway(workdir: Path, cfg: dict[str, Any]) -> tuple[Child, str]:
     """`kv-gateway serve` with that configuration."""
-    gateway = GatewayProcess(cfg, workdir, startup_timeout_s=STARTUP_TIMEOUT_S, own_session=True)
+    gateway = GatewayProcess(cfg, workdir, startup_timeout_s=STARTUP_TIMEOUT_S, own_group=True)
     return gateway.start(), gateway.url
 
 

@@ -93,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
                 ("redis", shared, []),
                 *((f"redis-w{n}", shared, ["--workers", str(n)]) for n in workers),
             ):
-                gw = GatewayProcess(cfg, workdir, args=extra, own_session=True)
+                gw = GatewayProcess(cfg, workdir, args=extra, own_group=True)
                 children.append(gw.start())
                 targets[name] = (gw, extra)
             path, body = request_body("completion", stream=False, max_tokens=8)

@@ -63,8 +63,13 @@ def die_with_parent() -> None:
 class Child:
     """One server process: spawned with its output in a log file, awaited until it answers.
 
-    `own_session`: the child gets a session of its own, so a Ctrl-C in the terminal reaches
-    only the parent, which then stops its children in order.
+    `own_group`: the child gets a process group of its own, so a Ctrl-C in the terminal
+    reaches only the parent, which then stops its children in order. A group, not a session:
+    with the kernel's CFS autogroup (`kernel.sched_autogroup_enabled`, on by default) every
+    session is scheduled as one entity, and a child in a session of its own gets a fixed
+    share of a contended CPU whatever its thread count. On a 2-core machine that put vLLM's
+    API server behind its own engine's threads and made the first tokens of every target
+    arrive ~0.5 s late (docs/benchmarks.md, "the parity test's slow first tokens").
     """
 
     what = "process"
@@ -77,14 +82,14 @@ class Child:
         ready_path: str = "/health",
         workdir: Path | None = None,
         startup_timeout_s: float = 60.0,
-        own_session: bool = False,
+        own_group: bool = False,
         env: Mapping[str, str] | None = None,
     ) -> None:
         self.argv = list(argv)
         self.port = port
         self.ready_path = ready_path
         self.startup_timeout_s = startup_timeout_s
-        self.own_session = own_session
+        self.own_group = own_group
         self.env = dict(env) if env is not None else None
         self._own_dir: Path | None = None
         if workdir is None:
@@ -129,7 +134,7 @@ class Child:
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
-                start_new_session=self.own_session,
+                process_group=0 if self.own_group else None,
                 preexec_fn=die_with_parent,
                 env=self.env,
             )
@@ -227,7 +232,7 @@ class SimProcess(Child):
         port: int | None = None,
         *,
         workdir: Path | None = None,
-        own_session: bool = False,
+        own_group: bool = False,
         startup_timeout_s: float = 30.0,
         **flags: object,
     ) -> None:
@@ -237,7 +242,7 @@ class SimProcess(Child):
             port=port or free_port(),
             workdir=workdir,
             startup_timeout_s=startup_timeout_s,
-            own_session=own_session,
+            own_group=own_group,
         )
         self._refresh_argv()
 
@@ -268,7 +273,7 @@ class GatewayProcess(Child):
         args: Sequence[str] = (),
         log_level: str = "warning",
         startup_timeout_s: float = 60.0,
-        own_session: bool = False,
+        own_group: bool = False,
         env: Mapping[str, str] | None = None,
         admin_key: str | None = None,
     ) -> None:
@@ -280,7 +285,7 @@ class GatewayProcess(Child):
             ready_path="/ready",
             workdir=workdir,
             startup_timeout_s=startup_timeout_s,
-            own_session=own_session,
+            own_group=own_group,
             env=env,
         )
         self.config = dict(config)
@@ -354,7 +359,7 @@ class RedisServer:
 
 class CommandProcess(Child):
     """Any server started by a command (e.g. a real vLLM for `kv-gateway loadtest sweep`),
-    in a session of its own; `stop()` ends its whole process group, since servers like vLLM
+    in a process group of its own; `stop()` ends the whole group, since servers like vLLM
     leave worker processes behind their main one."""
 
     what = "engine"
@@ -375,7 +380,7 @@ class CommandProcess(Child):
             ready_path=ready_path,
             workdir=workdir,
             startup_timeout_s=startup_timeout_s,
-            own_session=True,
+            own_group=True,
             env=env,
         )
 

@@ -58,7 +58,7 @@ class SimFleet:
             raise ValueError("engines.count must be at least 1")
         self.flags = dict(flags)
         self.procs = [
-            SimProcess(workdir=workdir, own_session=True, **{**self.flags, "seed": i})
+            SimProcess(workdir=workdir, own_group=True, **{**self.flags, "seed": i})
             for i in range(count)
         ]
 
@@ -171,7 +171,7 @@ class ManagedGateway:
         return merge(base, overrides or {})
 
     async def start(self, config: Mapping[str, Any]) -> str:
-        self.proc = GatewayProcess(config, self.workdir, own_session=True)
+        self.proc = GatewayProcess(config, self.workdir, own_group=True)
         try:
             await self.proc.astart()
         except StartError as exc:

@@ -149,15 +149,17 @@ class VllmEngine:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         began = time.monotonic()
         with self.log_path.open("wb") as log:
-            # A new session makes the engine's children (the engine core process) one process
-            # group, so that a stuck engine can be killed whole.
+            # A process group of its own holds the engine's children (the engine core process),
+            # so that a stuck engine can be killed whole. Not a session: under CFS autogroup a
+            # session is one scheduling entity, and vLLM's API server then waits behind its own
+            # engine's threads on a small machine (see gateway/harness.py, `Child`).
             self._proc = subprocess.Popen(
                 self.command(),
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 env={**engine_env(self._cache_root), **self.env},
-                start_new_session=True,
+                process_group=0,
                 preexec_fn=die_with_parent,
             )
         try:
@@ -197,7 +199,7 @@ class VllmEngine:
                 proc.wait(timeout=self.stop_grace_s)
         if proc is not None:
             # Whatever is left of the group (the engine core) goes too; the group id is the API
-            # server's pid because of start_new_session.
+            # server's pid because of process_group=0.
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
