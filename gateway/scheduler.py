@@ -138,7 +138,7 @@ class Scheduler:
                         code="queue_timeout",
                         retry=await self._advice(ask, queued=True),
                     )
-                await self.store.wait_for_change(min(remaining, POLL_S))
+                await self._pause(ask, min(remaining, POLL_S))
         except asyncio.CancelledError:
             leftover = True  # a store call may have been cut short after it took effect
             raise
@@ -148,6 +148,23 @@ class Scheduler:
                 # Leaving without a lease (timeout, refusal, or the client went away):
                 # dequeue and release by id are idempotent, so hand back whatever there is.
                 await asyncio.shield(self._abandon(ask.id))
+
+    async def _pause(self, ask: Ask, within_s: float) -> None:
+        """Until the store changes (a release, a lease elsewhere) or `within_s`; when load
+        estimated as foreign may be what keeps the request out, also until the engines are
+        scraped again (asked for sooner: `EnginePool.want_fresh`)."""
+        if not self.pool.want_fresh(ask.engines):
+            await self.store.wait_for_change(within_s)
+            return
+        waits = [
+            asyncio.ensure_future(self.store.wait_for_change(within_s)),
+            asyncio.ensure_future(self.pool.next_figures(within_s)),
+        ]
+        try:
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for wait in waits:
+                wait.cancel()
 
     def oldest_wait_s(self) -> float | None:
         """How long the longest-waiting of this process's queued requests has waited; None

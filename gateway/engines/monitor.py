@@ -35,7 +35,7 @@ from gateway.core.ledger import Reported, foreign_load, own_during
 from gateway.core.types import EngineLoad
 from gateway.engines.discovery import DiscoveryError, discover
 from gateway.engines.metrics import MetricsPage, MetricsParseError, parse_page
-from gateway.engines.pool import EnginePool, EngineState
+from gateway.engines.pool import RESCRAPE_GAP_S, EnginePool, EngineState
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -78,8 +78,18 @@ class EngineMonitor:
     async def _run(self) -> None:
         while True:
             started = self.clock()
+            self.pool.probing()
             await self.probe_all()
-            await asyncio.sleep(max(0.0, self.cfg.scrape_interval_s - (self.clock() - started)))
+            self.pool.probed()
+            await self.pause(started)
+
+    async def pause(self, started: float) -> None:
+        """Until the next round: `scrape_interval_s` after `started`, or sooner when a
+        waiting request asks for fresh figures (`EnginePool.want_fresh`), but not within
+        `RESCRAPE_GAP_S` of `started`."""
+        rest = self.cfg.scrape_interval_s - (self.clock() - started)
+        if await self.pool.fresh_wanted(rest):
+            await asyncio.sleep(max(0.0, RESCRAPE_GAP_S - (self.clock() - started)))
 
     async def probe_all(self) -> None:
         now = self.clock()

@@ -6,10 +6,12 @@ engines' own figures current; routing reads views from here. One place, one trut
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import dataclasses
 import logging
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,6 +19,12 @@ from gateway.core.ledger import Foreign
 from gateway.core.types import EngineLoad, EngineSpec, EngineView
 
 log = logging.getLogger(__name__)
+
+RESCRAPE_GAP_S = 0.2
+"""The least time between two scrapes of the engines when waiting requests ask for fresh
+figures (`EnginePool.want_fresh`): load estimated as foreign stays in the estimate until the
+next scrape (`health.scrape_interval_s`, 1 s by default) although it may have ended at once.
+At most 5 extra scrapes a second, and only while foreign load keeps a request waiting."""
 
 
 @dataclass
@@ -77,6 +85,40 @@ class EnginePool:
             s.name: EngineState(spec=s, sources=dict((sources or {}).get(s.name, {})))
             for s in specs
         }
+        self._fresh_wanted = asyncio.Event()
+        self._probed = asyncio.Event()
+
+    def want_fresh(self, names: Iterable[str]) -> bool:
+        """A request waits for room on `names`: if one of them carries load the gateway
+        estimated as foreign at its last scrape (which may have ended since), ask the monitor
+        for new figures before its next round; True when asked."""
+        for name in names:
+            e = self._engines.get(name)
+            if e is not None and e.healthy and (e.foreign.seqs or e.foreign.blocks):
+                self._fresh_wanted.set()
+                return True
+        return False
+
+    async def fresh_wanted(self, within_s: float) -> bool:
+        """Wait up to `within_s` for a `want_fresh` request; True if one came (the monitor)."""
+        if within_s > 0 and not self._fresh_wanted.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._fresh_wanted.wait(), within_s)
+        return self._fresh_wanted.is_set()
+
+    def probing(self) -> None:
+        """A round of scrapes begins: it answers the requests for fresh figures made so far."""
+        self._fresh_wanted.clear()
+
+    def probed(self) -> None:
+        """A round of scrapes ended: wake those waiting for its figures (`next_figures`)."""
+        self._probed.set()
+        self._probed = asyncio.Event()
+
+    async def next_figures(self, within_s: float) -> None:
+        """Wait up to `within_s` for the end of the next round of scrapes."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._probed.wait(), within_s)
 
     def __iter__(self) -> Iterator[EngineState]:
         return iter(self._engines.values())

@@ -128,12 +128,16 @@ class SharedMonitor(EngineMonitor):
         while True:
             started = self.clock()
             if self.shared.lead:
+                self.pool.probing()
                 await self.probe_all()
+                self.pool.probed()
                 with contextlib.suppress(OSError):
                     write(self.pool, self.shared.path, time.time())
+                # Only the lead's own waiters can ask it for fresh figures sooner.
+                await self.pause(started)
             else:
                 await self.follow()
-            await asyncio.sleep(max(0.0, self.cfg.scrape_interval_s - (self.clock() - started)))
+                await asyncio.sleep(max(0.0, self.cfg.scrape_interval_s - (self.clock() - started)))
 
     async def follow(self) -> None:
         snap = read(self.shared.path)

@@ -14,21 +14,19 @@ times.
 The relay is the control: on this machine every process in the path competes with the
 engine for the two cores, and a hop that does nothing already costs requests time. The engine
 here is the test's own, its threads bound to core 0, so that the rest shares core 1 in every
-run alike. Measured on 2026-12-02 (load average 4.8-7.5 from other work): the gateway carried
-0.80-0.93x of direct and 0.87-0.95x of the bare relay; its CPU per streamed 100-token
-answer is ~14 ms (~140 us per chunk relayed, against a relay that only copies bytes), and on
-a core shared with vLLM's API server and the client that shows. So the issue's 0.95x of
-direct is NOT shown on the real engine here. In the clean-clone CI run of 2026-12-02 the
-gateway carried only 0.753x of direct and 0.770x of the relay (950 / 972 / 1262 ms), worse
-than in any run by hand, for a reason not yet found; so the test asserts a 0.6x floor
-against both (requests serialised would give ~0.5x) and prints the figures (there the
-gateway's TTFT was ~400 ms above the others': a lead). The 0.95x target is met on simulated
-engines (docs/benchmarks.md).
+run alike. The engine and the relay are started in the test's own session (each in a process
+group of its own): in a session of their own, CFS autogroup gave the engine's whole session a fixed
+share of a contended core and every target's first token came ~0.5 s late (the gateway's
+most: 0.73-0.95x of direct). Since then, and with foreign load re-scraped while it keeps a
+request waiting (`EnginePool.want_fresh`), the gateway carried 0.93-1.01x of direct in three
+runs on 2026-12-02 (docs/benchmarks.md, "the parity test's slow first tokens, found"). The
+test asserts 0.85x of direct and of the relay, room for this machine's spread, and prints
+the figures against the issue's 0.95x.
 
 Two clients, each request two 128-token blocks (40 prompt + 100 output tokens) of the
-engine's 5 usable: nothing ever waits in the gateway's line (the other targets' requests are
-foreign load to it, and two requests never fill the engine), so whatever the gateway costs a
-request shows in the ratio.
+engine's 5 usable: two requests never fill the engine, so a gateway request waits in its line
+only while a scrape's foreign estimate (the other targets' requests) outlives the requests it
+saw; whatever the gateway costs a request shows in the ratio.
 """
 
 from __future__ import annotations
@@ -50,7 +48,7 @@ from tests.e2e.gateway_process import gateway_config, serving_gateway
 pytestmark = pytest.mark.vllm
 
 REQUESTS = 120  # all three kinds together; 3 warm-up requests first
-FLOOR = 0.6  # of direct and of the relay: a real regression (requests serialised, held back)
+FLOOR = 0.85  # of direct and of the relay (see the module docstring)
 
 
 @pytest.fixture(scope="module")

@@ -13,6 +13,7 @@ import random
 
 import pytest
 
+from gateway.core.ledger import Foreign
 from gateway.core.retry import ReleaseRate
 from gateway.core.routing import Router
 from gateway.core.types import EngineSpec, Footprint
@@ -186,3 +187,36 @@ async def test_a_cancelled_waiter_leaves_the_line_at_once():
     await sched.release(lease)
     await sched.release(held)
     assert await store.loads() == {}
+
+
+async def test_a_waiter_kept_out_by_foreign_load_asks_for_fresh_figures_and_takes_them(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Re-checks without a notice come only every 30 s here: the waiter is admitted because
+    # it asked for a scrape and woke when its figures arrived, not by polling.
+    monkeypatch.setattr("gateway.scheduler.POLL_S", 30.0)
+    s = scheduler(InMemoryStore(Router(), random.Random(0)))
+    state = s.pool.get("e")
+    assert state is not None
+    state.foreign = Foreign(seqs=1, blocks=10)  # a direct client's, as last scraped
+    assert not await s.pool.fresh_wanted(0.0)
+    waiting = asyncio.ensure_future(s.admit(ask(2)))
+    assert await s.pool.fresh_wanted(5.0)  # the waiter asked the monitor for a scrape
+    assert not waiting.done()
+    s.pool.probing()
+    state.foreign = Foreign()  # the scrape: the direct client is gone
+    s.pool.probed()
+    lease = await asyncio.wait_for(waiting, 5.0)
+    assert lease.engine == "e" and lease.blocks == 2
+
+
+def test_only_foreign_load_on_a_healthy_engine_asks_for_fresh_figures() -> None:
+    pool = EnginePool([ENGINE])
+    assert not pool.want_fresh(["e", "unknown"])  # nothing foreign: releases will tell
+    state = pool.get("e")
+    assert state is not None
+    state.foreign = Foreign(seqs=0, blocks=3)
+    assert pool.want_fresh(["e"])
+    pool.probing()
+    pool.mark_unhealthy("e", "down", retry_at=0.0)  # its figures are unknown, not stale
+    assert not pool.want_fresh(["e"])

@@ -62,6 +62,37 @@ async def test_slots_given_back_are_reused_before_the_next_scrape() -> None:
         assert status["foreign"] == {"seqs": 0, "blocks": 0}
 
 
+async def test_foreign_load_that_ended_keeps_a_request_out_for_a_scrape_not_the_interval() -> None:
+    # Scrapes every 30 s: the direct client's load, seen by one scrape, would otherwise keep
+    # the gateway's request out until the next (its queue gives up after 10 s: a 429).
+    health = {"scrape_interval_s": 30.0}
+    admission = {"staged_seqs": 0}
+    queue = {"max_wait_s": 10.0}
+    async with (
+        gateway_over([SLOW], health=health, admission=admission, queue=queue) as gw,
+        httpx.AsyncClient(timeout=60) as http,
+    ):
+        engine_url, sim = gw.engines[0].url, gw.engines[0].sim
+        direct = [
+            asyncio.create_task(http.post(engine_url + "/v1/completions", json=body(150)))
+            for _ in range(SLOW.max_num_seqs)
+        ]
+
+        async def all_running() -> bool:
+            return bool(sim.engine.snapshot().running == SLOW.max_num_seqs)
+
+        await wait_until(all_running, 10, "the direct requests never all ran")
+        await gw.runtime.monitor.probe_all()  # a scrape sees them
+        assert (await engine_status(gw))["foreign"]["seqs"] == SLOW.max_num_seqs
+        assert [r.status_code for r in await asyncio.gather(*direct)] == [200] * 4
+        started = time.monotonic()
+        answer = await http.post(gw.url + "/v1/completions", json=body(2))
+        took = time.monotonic() - started
+        assert answer.status_code == 200, answer.text
+        assert took < 5.0, took  # one scrape asked for (0.2 s apart at most), not 30 s
+        assert (await engine_status(gw))["foreign"] == {"seqs": 0, "blocks": 0}
+
+
 @pytest.mark.parametrize("staged", [0, 1])
 async def test_a_direct_clients_load_is_counted_once_and_only_what_is_left_is_admitted(
     staged: int,
