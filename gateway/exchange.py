@@ -102,6 +102,8 @@ the gateway's on it ends first)."""
 MIN_ENGINE_REFUSALS = 8
 """Front-door refusals one request takes at least before its client gets a 429 (it takes
 more while it is younger than `queue.max_wait_s`: refusals are waited out like the line)."""
+MAX_ENGINE_REFUSALS = 32
+"""And at most: each re-admission is charged against the tenant's `rpm` again."""
 
 
 class UpstreamAnswer(Protocol):
@@ -472,11 +474,14 @@ class Exchange:
         # the rest were served. The request waits refusals out as long as it would wait in the
         # line, and a client hears of them only after that.
         patience = desk.service.scheduler.max_wait_s
-        if refusals >= MIN_ENGINE_REFUSALS and desk.clock() - self.arrived >= patience:
+        waited = desk.clock() - self.arrived
+        if refusals >= MAX_ENGINE_REFUSALS or (
+            refusals >= MIN_ENGINE_REFUSALS and waited >= patience
+        ):
             self._nothing_generated = True
             raise RateLimited(
                 f"The engines serving `{self.model}` refused this request {refusals} times in "
-                f"{desk.clock() - self.arrived:.0f} s: their own queues are full.",
+                f"{waited:.1f} s: their own queues are full.",
                 code="engine_full",
                 retry=RetryAdvice(ENGINE_FULL_HOLD_S * MIN_ENGINE_REFUSALS),
             )

@@ -85,6 +85,7 @@ class Scheduler:
     ) -> None:
         self.store = store
         self.pool = pool
+        pool.on_fresh_figures(store.wake_waiters)
         self.kv_ceiling = kv_ceiling
         self.max_length = max_length
         self.max_wait_s = max_wait_s
@@ -151,20 +152,10 @@ class Scheduler:
 
     async def _pause(self, ask: Ask, within_s: float) -> None:
         """Until the store changes (a release, a lease elsewhere) or `within_s`; when load
-        estimated as foreign may be what keeps the request out, also until the engines are
-        scraped again (asked for sooner: `EnginePool.want_fresh`)."""
-        if not self.pool.want_fresh(ask.engines):
-            await self.store.wait_for_change(within_s)
-            return
-        waits = [
-            asyncio.ensure_future(self.store.wait_for_change(within_s)),
-            asyncio.ensure_future(self.pool.next_figures(within_s)),
-        ]
-        try:
-            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for wait in waits:
-                wait.cancel()
+        estimated as foreign may be what keeps the request out, the engines are scraped
+        sooner (`EnginePool.want_fresh`) and their new figures wake the line too."""
+        self.pool.want_fresh(ask.engines)
+        await self.store.wait_for_change(within_s)
 
     def oldest_wait_s(self) -> float | None:
         """How long the longest-waiting of this process's queued requests has waited; None

@@ -86,10 +86,11 @@ class EngineMonitor:
     async def pause(self, started: float) -> None:
         """Until the next round: `scrape_interval_s` after `started`, or sooner when a
         waiting request asks for fresh figures (`EnginePool.want_fresh`), but not within
-        `RESCRAPE_GAP_S` of `started`."""
-        rest = self.cfg.scrape_interval_s - (self.clock() - started)
-        if await self.pool.fresh_wanted(rest):
-            await asyncio.sleep(max(0.0, RESCRAPE_GAP_S - (self.clock() - started)))
+        `RESCRAPE_GAP_S` of `started` (nor sooner than the interval itself)."""
+        interval = self.cfg.scrape_interval_s
+        if await self.pool.fresh_wanted(interval - (self.clock() - started)):
+            gap = min(RESCRAPE_GAP_S, interval)
+            await asyncio.sleep(max(0.0, gap - (self.clock() - started)))
 
     async def probe_all(self) -> None:
         now = self.clock()

@@ -86,7 +86,8 @@ class EnginePool:
             for s in specs
         }
         self._fresh_wanted = asyncio.Event()
-        self._probed = asyncio.Event()
+        self._answering = False  # the round of scrapes under way answers a `want_fresh`
+        self._on_fresh: list[Callable[[], None]] = []
 
     def want_fresh(self, names: Iterable[str]) -> bool:
         """A request waits for room on `names`: if one of them carries load the gateway
@@ -99,6 +100,11 @@ class EnginePool:
                 return True
         return False
 
+    def on_fresh_figures(self, wake: Callable[[], None]) -> None:
+        """Call `wake` when a round of scrapes that answers a `want_fresh` ends (the
+        scheduler wakes its waiters: their engines' foreign estimates are new)."""
+        self._on_fresh.append(wake)
+
     async def fresh_wanted(self, within_s: float) -> bool:
         """Wait up to `within_s` for a `want_fresh` request; True if one came (the monitor)."""
         if within_s > 0 and not self._fresh_wanted.is_set():
@@ -107,18 +113,17 @@ class EnginePool:
         return self._fresh_wanted.is_set()
 
     def probing(self) -> None:
-        """A round of scrapes begins: it answers the requests for fresh figures made so far."""
+        """A round of scrapes (or of reading the lead worker's figures) begins: it answers
+        the requests for fresh figures made so far."""
+        self._answering = self._fresh_wanted.is_set()
         self._fresh_wanted.clear()
 
     def probed(self) -> None:
-        """A round of scrapes ended: wake those waiting for its figures (`next_figures`)."""
-        self._probed.set()
-        self._probed = asyncio.Event()
-
-    async def next_figures(self, within_s: float) -> None:
-        """Wait up to `within_s` for the end of the next round of scrapes."""
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._probed.wait(), within_s)
+        """The round ended: if it answered a `want_fresh`, wake those who asked."""
+        answering, self._answering = self._answering, False
+        if answering:
+            for wake in self._on_fresh:
+                wake()
 
     def __iter__(self) -> Iterator[EngineState]:
         return iter(self._engines.values())

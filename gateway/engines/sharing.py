@@ -136,7 +136,10 @@ class SharedMonitor(EngineMonitor):
                 # Only the lead's own waiters can ask it for fresh figures sooner.
                 await self.pause(started)
             else:
+                # Its waiters' asks are answered by the lead's next snapshot, read here.
+                self.pool.probing()
                 await self.follow()
+                self.pool.probed()
                 await asyncio.sleep(max(0.0, self.cfg.scrape_interval_s - (self.clock() - started)))
 
     async def follow(self) -> None:

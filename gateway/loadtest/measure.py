@@ -123,9 +123,10 @@ async def _run(
                 scraping.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await scraping
-            # One last scrape: counters at the end of the run.
-            with contextlib.suppress(httpx.HTTPError, OSError):
-                await scraper.scrape_once(http)
+        # One last scrape, more patient: counters at the end of the run.
+        with contextlib.suppress(httpx.HTTPError, OSError):
+            async with httpx.AsyncClient(timeout=5.0) as final:
+                await scraper.scrape_once(final)
     return result, load_start
 
 

@@ -66,7 +66,7 @@ class Scraper:
         """An HTTP client for `run` and `scrape_once`. Make it before the run's clock starts:
         making one loads the CA certificates (~0.1 s of blocked event loop), which inside
         the run delayed its first sends."""
-        return httpx.AsyncClient(timeout=max(5.0, self.interval_s * 2))
+        return httpx.AsyncClient(timeout=max(2.0, self.interval_s * 2))
 
     async def run(self, http: httpx.AsyncClient, t0: float | None = None) -> None:
         """Scrape every `interval_s` until cancelled (t0: `perf_counter` of the run's start)."""

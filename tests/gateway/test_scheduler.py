@@ -203,11 +203,31 @@ async def test_a_waiter_kept_out_by_foreign_load_asks_for_fresh_figures_and_take
     waiting = asyncio.ensure_future(s.admit(ask(2)))
     assert await s.pool.fresh_wanted(5.0)  # the waiter asked the monitor for a scrape
     assert not waiting.done()
-    s.pool.probing()
+    s.pool.probing()  # the monitor's round that answers the ask
     state.foreign = Foreign()  # the scrape: the direct client is gone
     s.pool.probed()
     lease = await asyncio.wait_for(waiting, 5.0)
     assert lease.engine == "e" and lease.blocks == 2
+
+
+async def test_a_round_that_answered_no_ask_wakes_nobody() -> None:
+    woken: list[str] = []
+    pool = EnginePool([ENGINE])
+    pool.on_fresh_figures(lambda: woken.append("woken"))
+    pool.probing()
+    pool.probed()
+    assert woken == []
+    state = pool.get("e")
+    assert state is not None
+    state.foreign = Foreign(seqs=1, blocks=0)
+    assert pool.want_fresh(["e"])
+    pool.probing()
+    assert pool.want_fresh(["e"])  # asked again during the round: for the next one
+    pool.probed()
+    assert woken == ["woken"]
+    pool.probing()
+    pool.probed()
+    assert woken == ["woken", "woken"]  # the ask made during the previous round
 
 
 def test_only_foreign_load_on_a_healthy_engine_asks_for_fresh_figures() -> None:
