@@ -85,7 +85,6 @@ class Scheduler:
     ) -> None:
         self.store = store
         self.pool = pool
-        pool.on_fresh_figures(store.wake_waiters)
         self.kv_ceiling = kv_ceiling
         self.max_length = max_length
         self.max_wait_s = max_wait_s
@@ -153,7 +152,7 @@ class Scheduler:
     async def _pause(self, ask: Ask, within_s: float) -> None:
         """Until the store changes (a release, a lease elsewhere) or `within_s`; when load
         estimated as foreign may be what keeps the request out, the engines are scraped
-        sooner (`EnginePool.want_fresh`) and their new figures wake the line too."""
+        sooner (`EnginePool.want_fresh`), and the next re-check reads the new figures."""
         self.pool.want_fresh(ask.engines)
         await self.store.wait_for_change(within_s)
 

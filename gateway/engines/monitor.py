@@ -80,7 +80,6 @@ class EngineMonitor:
             started = self.clock()
             self.pool.probing()
             await self.probe_all()
-            self.pool.probed()
             await self.pause(started)
 
     async def pause(self, started: float) -> None:

@@ -86,8 +86,6 @@ class EnginePool:
             for s in specs
         }
         self._fresh_wanted = asyncio.Event()
-        self._answering = False  # the round of scrapes under way answers a `want_fresh`
-        self._on_fresh: list[Callable[[], None]] = []
 
     def want_fresh(self, names: Iterable[str]) -> bool:
         """A request waits for room on `names`: if one of them carries load the gateway
@@ -100,11 +98,6 @@ class EnginePool:
                 return True
         return False
 
-    def on_fresh_figures(self, wake: Callable[[], None]) -> None:
-        """Call `wake` when a round of scrapes that answers a `want_fresh` ends (the
-        scheduler wakes its waiters: their engines' foreign estimates are new)."""
-        self._on_fresh.append(wake)
-
     async def fresh_wanted(self, within_s: float) -> bool:
         """Wait up to `within_s` for a `want_fresh` request; True if one came (the monitor)."""
         if within_s > 0 and not self._fresh_wanted.is_set():
@@ -113,17 +106,12 @@ class EnginePool:
         return self._fresh_wanted.is_set()
 
     def probing(self) -> None:
-        """A round of scrapes (or of reading the lead worker's figures) begins: it answers
-        the requests for fresh figures made so far."""
-        self._answering = self._fresh_wanted.is_set()
+        """A round of scrapes begins: it answers the requests for fresh figures made so far.
+        (Waiters are not woken when it ends: they re-check on their own poll. Woken at once,
+        they ran in the moment a scrape can catch between one of the gateway's requests
+        ending in the engine and its lease's release, when the foreign estimate is one
+        sequence short: a CI run admitted a request beyond the direct client's share then.)"""
         self._fresh_wanted.clear()
-
-    def probed(self) -> None:
-        """The round ended: if it answered a `want_fresh`, wake those who asked."""
-        answering, self._answering = self._answering, False
-        if answering:
-            for wake in self._on_fresh:
-                wake()
 
     def __iter__(self) -> Iterator[EngineState]:
         return iter(self._engines.values())

@@ -130,16 +130,12 @@ class SharedMonitor(EngineMonitor):
             if self.shared.lead:
                 self.pool.probing()
                 await self.probe_all()
-                self.pool.probed()
                 with contextlib.suppress(OSError):
                     write(self.pool, self.shared.path, time.time())
                 # Only the lead's own waiters can ask it for fresh figures sooner.
                 await self.pause(started)
             else:
-                # Its waiters' asks are answered by the lead's next snapshot, read here.
-                self.pool.probing()
                 await self.follow()
-                self.pool.probed()
                 await asyncio.sleep(max(0.0, self.cfg.scrape_interval_s - (self.clock() - started)))
 
     async def follow(self) -> None:

@@ -171,11 +171,6 @@ class StateStore(Protocol):
         send none.)"""
         ...
 
-    def wake_waiters(self) -> None:
-        """Wake this process's `wait_for_change` callers now: something the store does not
-        hold changed their rooms (new engine figures)."""
-        ...
-
     @property
     def degraded(self) -> bool:
         """True while the shared state cannot be reached (never, in-process)."""

@@ -126,10 +126,6 @@ class FailOpenLocal:
         except StateUnavailable:
             return await self.local.loads()
 
-    def wake_waiters(self) -> None:
-        self.shared.wake_waiters()
-        self.local.wake_waiters()
-
     async def wait_for_change(self, within_s: float) -> None:
         """A change on either side: Redis's notices, or a local release in an outage."""
         waits = [

@@ -427,9 +427,6 @@ class InMemoryStore:
             self._notify()
         return now
 
-    def wake_waiters(self) -> None:
-        self._notify()
-
     def _notify(self) -> None:
         self._changed.set()
         self._changed = asyncio.Event()

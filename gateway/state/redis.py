@@ -558,9 +558,6 @@ class RedisStore:
                 with contextlib.suppress(*REDIS_ERRORS):
                     await pubsub.aclose()  # type: ignore[no-untyped-call]
 
-    def wake_waiters(self) -> None:
-        self._notify()
-
     def _notify(self) -> None:
         self._changed.set()
         self._changed = asyncio.Event()

@@ -189,12 +189,7 @@ async def test_a_cancelled_waiter_leaves_the_line_at_once():
     assert await store.loads() == {}
 
 
-async def test_a_waiter_kept_out_by_foreign_load_asks_for_fresh_figures_and_takes_them(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    # Re-checks without a notice come only every 30 s here: the waiter is admitted because
-    # it asked for a scrape and woke when its figures arrived, not by polling.
-    monkeypatch.setattr("gateway.scheduler.POLL_S", 30.0)
+async def test_a_waiter_kept_out_by_foreign_load_asks_for_fresh_figures_and_takes_them() -> None:
     s = scheduler(InMemoryStore(Router(), random.Random(0)))
     state = s.pool.get("e")
     assert state is not None
@@ -205,29 +200,20 @@ async def test_a_waiter_kept_out_by_foreign_load_asks_for_fresh_figures_and_take
     assert not waiting.done()
     s.pool.probing()  # the monitor's round that answers the ask
     state.foreign = Foreign()  # the scrape: the direct client is gone
-    s.pool.probed()
-    lease = await asyncio.wait_for(waiting, 5.0)
+    lease = await asyncio.wait_for(waiting, 5.0)  # its next re-check reads it
     assert lease.engine == "e" and lease.blocks == 2
 
 
-async def test_a_round_that_answered_no_ask_wakes_nobody() -> None:
-    woken: list[str] = []
+async def test_an_ask_made_during_a_round_is_kept_for_the_next() -> None:
     pool = EnginePool([ENGINE])
-    pool.on_fresh_figures(lambda: woken.append("woken"))
-    pool.probing()
-    pool.probed()
-    assert woken == []
     state = pool.get("e")
     assert state is not None
     state.foreign = Foreign(seqs=1, blocks=0)
     assert pool.want_fresh(["e"])
     pool.probing()
-    assert pool.want_fresh(["e"])  # asked again during the round: for the next one
-    pool.probed()
-    assert woken == ["woken"]
-    pool.probing()
-    pool.probed()
-    assert woken == ["woken", "woken"]  # the ask made during the previous round
+    assert not await pool.fresh_wanted(0.0)  # answered by the round under way
+    assert pool.want_fresh(["e"])  # asked again during it: for the next one
+    assert await pool.fresh_wanted(0.0)
 
 
 def test_only_foreign_load_on_a_healthy_engine_asks_for_fresh_figures() -> None:
