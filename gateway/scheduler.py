@@ -152,7 +152,12 @@ class Scheduler:
     async def _pause(self, ask: Ask, within_s: float) -> None:
         """Until the store changes (a release, a lease elsewhere) or `within_s`; when load
         estimated as foreign may be what keeps the request out, the engines are scraped
-        sooner (`EnginePool.want_fresh`), and the next re-check reads the new figures."""
+        sooner (`EnginePool.want_fresh`), and the next re-check reads the new figures.
+
+        The end of that scrape wakes nobody on purpose: a scrape can fall between one of the
+        gateway's requests ending in the engine and its lease's release, when the foreign
+        estimate is one sequence short, and a waiter woken at once ran in that moment (a CI
+        run admitted a request beyond a direct client's share)."""
         self.pool.want_fresh(ask.engines)
         await self.store.wait_for_change(within_s)
 

@@ -35,10 +35,16 @@ from gateway.core.ledger import Reported, foreign_load, own_during
 from gateway.core.types import EngineLoad
 from gateway.engines.discovery import DiscoveryError, discover
 from gateway.engines.metrics import MetricsPage, MetricsParseError, parse_page
-from gateway.engines.pool import RESCRAPE_GAP_S, EnginePool, EngineState
+from gateway.engines.pool import EnginePool, EngineState
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+
+RESCRAPE_GAP_S = 0.2
+"""The least time between two scrapes of the engines when waiting requests ask for fresh
+figures (`EnginePool.want_fresh`): load estimated as foreign stays in the estimate until the
+next scrape (`health.scrape_interval_s`, 1 s by default) although it may have ended at once.
+At most 5 extra scrapes a second, and only while foreign load keeps a request waiting."""
 
 
 OwnLoads = Callable[[], Awaitable[Mapping[str, EngineLoad] | None]]

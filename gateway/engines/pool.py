@@ -20,12 +20,6 @@ from gateway.core.types import EngineLoad, EngineSpec, EngineView
 
 log = logging.getLogger(__name__)
 
-RESCRAPE_GAP_S = 0.2
-"""The least time between two scrapes of the engines when waiting requests ask for fresh
-figures (`EnginePool.want_fresh`): load estimated as foreign stays in the estimate until the
-next scrape (`health.scrape_interval_s`, 1 s by default) although it may have ended at once.
-At most 5 extra scrapes a second, and only while foreign load keeps a request waiting."""
-
 
 @dataclass
 class EngineState:
@@ -90,7 +84,9 @@ class EnginePool:
     def want_fresh(self, names: Iterable[str]) -> bool:
         """A request waits for room on `names`: if one of them carries load the gateway
         estimated as foreign at its last scrape (which may have ended since), ask the monitor
-        for new figures before its next round; True when asked."""
+        for new figures before its next round; True when asked (now or already)."""
+        if self._fresh_wanted.is_set():
+            return True  # asked already: every waiter calls this at each re-check
         for name in names:
             e = self._engines.get(name)
             if e is not None and e.healthy and (e.foreign.seqs or e.foreign.blocks):
@@ -106,11 +102,7 @@ class EnginePool:
         return self._fresh_wanted.is_set()
 
     def probing(self) -> None:
-        """A round of scrapes begins: it answers the requests for fresh figures made so far.
-        (Waiters are not woken when it ends: they re-check on their own poll. Woken at once,
-        they ran in the moment a scrape can catch between one of the gateway's requests
-        ending in the engine and its lease's release, when the foreign estimate is one
-        sequence short: a CI run admitted a request beyond the direct client's share then.)"""
+        """A round of scrapes begins: it answers the requests for fresh figures made so far."""
         self._fresh_wanted.clear()
 
     def __iter__(self) -> Iterator[EngineState]:

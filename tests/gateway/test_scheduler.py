@@ -225,4 +225,5 @@ def test_only_foreign_load_on_a_healthy_engine_asks_for_fresh_figures() -> None:
     assert pool.want_fresh(["e"])
     pool.probing()
     pool.mark_unhealthy("e", "down", retry_at=0.0)  # its figures are unknown, not stale
+    state.foreign = Foreign(seqs=0, blocks=3)  # as if left over: the health check decides
     assert not pool.want_fresh(["e"])
