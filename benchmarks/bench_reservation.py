@@ -30,6 +30,7 @@ import random
 import statistics
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -211,6 +212,9 @@ def main() -> int:
         help="comma list of mode[:quantile][@ceiling][/target], e.g. "
         "worst_case,predicted:0.8,predicted:0.9@0.9,adaptive/1",
     )
+    parser.add_argument(
+        "--parallel", type=int, default=1, help="settings measured at the same time (default 1)"
+    )
     parser.add_argument("--json", type=Path)
     parser.add_argument("--plot", type=Path, help="PNG: throughput against preemptions/1000")
     parser.add_argument("--plot-note", default="", help="a second title line for the plot")
@@ -235,17 +239,30 @@ def main() -> int:
     )
     results: dict[str, dict[str, Any]] = {}
     with tempfile.TemporaryDirectory(prefix="bench-reservation-") as tmp:
-        for setting in settings:
-            children, engine_url, gateway_url = start(Path(tmp), setting)
+
+        def measure(i: int, setting: Setting) -> None:
+            workdir = Path(tmp) / str(i)
+            workdir.mkdir()
+            children, engine_url, gateway_url = start(workdir, setting)
             try:
-                results[setting.label] = asyncio.run(load(gateway_url, engine_url, args, args.seed))
+                result = asyncio.run(load(gateway_url, engine_url, args, args.seed))
             finally:
                 for child in children:
                     child.stop()
-            print(f"\n{setting.label}:")
-            for key, value in results[setting.label].items():
-                print(f"  {key:24} {value:.3f}" if isinstance(value, float) else
-                      f"  {key:24} {value}")  # fmt: skip
+            results[setting.label] = result
+            lines = [f"\n{setting.label}:"]
+            for key, value in result.items():
+                lines.append(f"  {key:24} {value:.3f}" if isinstance(value, float) else
+                             f"  {key:24} {value}")  # fmt: skip
+            print("\n".join(lines), flush=True)
+
+        # --parallel N: N settings at a time, each on its own engine and gateway, one event
+        # loop per thread; they share the machine as they share its load, a fairer
+        # comparison on a busy machine than one after another.
+        with ThreadPoolExecutor(max_workers=args.parallel) as pool:
+            for done in [pool.submit(measure, i, s) for i, s in enumerate(settings)]:
+                done.result()
+        results = {s.label: results[s.label] for s in settings}
     print(f"\n{'setting':36} {'completed/s':>12} {'preempt/1000':>13} {'completed':>10}")
     for label, r in results.items():
         print(
