@@ -1,6 +1,7 @@
 """`worst_case` against `predicted` reservations, same engine, same load, one run.
 
     python benchmarks/bench_reservation.py [--seconds 20] [--clients 48] [--long-fraction 0.1]
+        [--parallel N]
 
 For each mode, a fresh simulated engine (`python -m gateway.sim`: 512 usable blocks of 16
 tokens, max_num_seqs 64, 8 ms + 0.1 ms per sequence per decode step) and a fresh
