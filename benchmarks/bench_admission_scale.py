@@ -13,9 +13,11 @@ again, untimed), p50 / p99 of each `try_admit` call. The clock is injected and m
 per decision, so nobody ages out of the window.
 
 Decisions per release: `waiters` requests wait in `gateway.scheduler.Scheduler.admit` (one
-full engine, each wants all of it); one lease is released and the `try_admit` calls in the
-next 50 ms (less than the scheduler's 0.25 s poll) are counted; then the calls in one
-second at rest (polls).
+full engine, each wants all of it); one lease is released and the `try_admit` calls until
+the first waiter holds its lease plus 50 ms (less than the scheduler's 0.25 s poll) are
+counted; then the calls in one second at rest (polls). A count ending in `t` (`--waiters
+100t`): each waiter its own tenant (headroom on). In-process, and with `--stores`
+with `redis` also on a `RedisStore` (the private server), its waiters in one process.
 
 Redis (`--stores` with `redis`): the same shapes on a `RedisStore` against a private
 `redis-server` this script starts (nothing on disk): the server's time per admit script and
@@ -25,7 +27,9 @@ the wall time of each `try_admit` call, p50 / p99. The clock is Redis's, so the 
 window is 600 s (nobody ages out while the set-up runs). Set-up, the same for any version
 of the scripts: the tenants admitted (64 calls at a time) and queued with headroom off, then
 their headroom records (`act`, as common.lua documents it) written in one pipeline; three
-untimed decisions first (the new scripts count those records once).
+untimed decisions first (the new scripts count those records once). Renewals
+(`--renewals`): one replica holding that many leases renews them, three rounds; the renew
+script calls per round and each call's server time.
 
 `--trees A,B`: run every measurement in a child process per source tree (`KVGW_TREE=A`,
 `B`: its `gateway` package), alternating tree by tree and round by round, so the
@@ -237,24 +241,83 @@ async def redis_decisions(
         await client.aclose()
 
 
-async def per_release(waiters: int) -> dict[str, Any]:
+async def redis_renewal(leases: int, url: str) -> dict[str, Any]:
+    """One renewal round of `leases` leases held by one replica: the renew scripts it runs
+    and each one's server time (INFO commandstats around each script call)."""
+    import redis.asyncio as aioredis
+
+    from gateway.core.routing import DEFAULT_SCORERS, Candidate
+    from gateway.core.types import EngineLoad, EngineSpec, EngineView, Footprint
+    from gateway.state.base import AdmissionAsk, Lease
+    from gateway.state.redis import RedisStore
+
+    prefix = f"bench-renew-{os.getpid()}"
+    store = RedisStore(url, DEFAULT_SCORERS, replica_id="bench", key_prefix=prefix, seed=0)
+    client = aioredis.from_url(url)
+    spec = EngineSpec("e", "http://e", frozenset({"m"}), 10**6, 16, 10**6, 10**8)
+    candidates = (Candidate(EngineView(spec, EngineLoad()), Footprint(2, 1, 32)),)
+    try:
+        for first in range(0, leases, 64):
+            await asyncio.gather(
+                *(
+                    store.try_admit(AdmissionAsk(f"l{i}", candidates, 1.0))
+                    for i in range(first, min(leases, first + 64))
+                )
+            )
+        per_call: list[float] = []
+        write = store._write_leases
+
+        async def timed(records: Any, entries: Any = ()) -> Any:
+            before = (await client.info("commandstats"))["cmdstat_evalsha"]["usec"]
+            got = await write(records, entries)
+            after = (await client.info("commandstats"))["cmdstat_evalsha"]["usec"]
+            per_call.append(float(after - before))
+            return got
+
+        store._write_leases = timed  # type: ignore[method-assign]
+        rounds = []
+        for _ in range(3):
+            per_call.clear()
+            await store._renew(dict(store._held))
+            rounds.append(
+                {"calls": len(per_call), "max_us": max(per_call), "sum_us": sum(per_call)}
+            )
+        by_id = (Lease(id=f"l{i}", engine="", blocks=0, seqs=0) for i in range(leases))
+        await asyncio.gather(*(store.release(lease) for lease in by_id))
+        return {"leases": leases, "rounds": rounds}
+    finally:
+        await store.close()
+        await client.flushdb()
+        await client.aclose()
+
+
+async def per_release(
+    waiters: int, url: str | None = None, tenants: bool = False
+) -> dict[str, Any]:
     from gateway.core.retry import ReleaseRate
-    from gateway.core.routing import Router
-    from gateway.core.types import EngineSpec, Footprint
+    from gateway.core.routing import DEFAULT_SCORERS, Router
+    from gateway.core.types import DEFAULT_TENANT, EngineSpec, Footprint, TenantPolicy
     from gateway.engines.pool import EnginePool
     from gateway.scheduler import Ask, Scheduler
     from gateway.state.base import AdmissionAsk, Lease, Refusal
     from gateway.state.memory import InMemoryStore
+    from gateway.state.redis import RedisStore
 
-    class Counting(InMemoryStore):
+    base: Any = InMemoryStore if url is None else RedisStore
+
+    class Counting(base):  # type: ignore[misc, valid-type]
         calls = 0
 
         async def try_admit(self, ask: AdmissionAsk) -> Lease | Refusal:
             self.calls += 1
-            return await super().try_admit(ask)
+            return await super().try_admit(ask)  # type: ignore[no-any-return]
 
     spec = EngineSpec("e", "http://e", frozenset({"m"}), 101, 16, 10**6, 10**6)  # 100 blocks
-    store = Counting(Router(), random.Random(0))
+    if url is None:
+        store = Counting(Router(), random.Random(0))
+    else:
+        prefix = f"bench-release-{os.getpid()}"
+        store = Counting(url, DEFAULT_SCORERS, replica_id="bench", key_prefix=prefix, seed=0)
     sched = Scheduler(
         store=store,
         pool=EnginePool([spec]),
@@ -267,7 +330,15 @@ async def per_release(waiters: int) -> dict[str, Any]:
     whole = Footprint(100, 1, 1600)
     holder = await sched.admit(Ask(id="holder", needs={"e": whole}))
     tasks = [
-        asyncio.ensure_future(sched.admit(Ask(id=f"w{i}", needs={"e": whole})))
+        asyncio.ensure_future(
+            sched.admit(
+                Ask(
+                    id=f"w{i}",
+                    needs={"e": whole},
+                    tenant=TenantPolicy(f"t{i}") if tenants else DEFAULT_TENANT,
+                )
+            )
+        )
         for i in range(waiters)
     ]
     while len(sched.waiting) < waiters:  # noqa: ASYNC110 (the scheduler has no event for it)
@@ -275,6 +346,7 @@ async def per_release(waiters: int) -> dict[str, Any]:
     await asyncio.sleep(0.3)  # past one poll: the waiters are spread over it
     store.calls = 0
     await sched.release(holder)
+    await asyncio.wait(tasks, timeout=5.0, return_when=asyncio.FIRST_COMPLETED)
     await asyncio.sleep(0.05)
     after_release = store.calls
     store.calls = 0
@@ -286,8 +358,10 @@ async def per_release(waiters: int) -> dict[str, Any]:
     for r in results:
         if isinstance(r, Lease):
             await sched.release(r)
+    await store.close()
     return {
         "waiters": waiters,
+        "tenants": waiters if tenants else 1,
         "decisions_after_one_release": after_release,
         "admitted_by_it": 1,
         "decisions_per_s_at_rest": at_rest,
@@ -303,8 +377,12 @@ def measure(kind: str, arg: str, seconds: float) -> dict[str, Any]:
     elif kind == "redis":
         e, t, w = (int(x) for x in arg.split("x"))
         got = asyncio.run(redis_decisions(e, t, w, seconds, os.environ[REDIS_URL]))
+    elif kind == "redis-renew":
+        got = asyncio.run(redis_renewal(int(arg), os.environ[REDIS_URL]))
+    elif kind == "redis-release":
+        got = asyncio.run(per_release(int(arg.rstrip("t")), os.environ[REDIS_URL], arg[-1] == "t"))
     else:
-        got = asyncio.run(per_release(int(arg)))
+        got = asyncio.run(per_release(int(arg.rstrip("t")), None, arg[-1] == "t"))
     return got | {"gateway": str(Path(gateway.__file__).parent)}
 
 
@@ -327,7 +405,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=1)
     p.add_argument("--seconds", type=float, default=3.0)
     p.add_argument("--shapes", default=",".join(f"{e}x{t}x{w}" for e, t, w in SHAPES))
-    p.add_argument("--waiters", default=",".join(str(w) for w in WAITERS))
+    p.add_argument(
+        "--waiters",
+        default=",".join(str(w) for w in WAITERS),
+        help="comma-separated waiter counts; a count ending in t: each waiter its own tenant",
+    )
+    p.add_argument("--renewals", default="1000,10000", help="leases per renewal round (Redis)")
     p.add_argument("--stores", default="memory", help="memory, redis, or both (comma-separated)")
     p.add_argument("--child", nargs=2, metavar=("KIND", "ARG"), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -352,6 +435,8 @@ def main(argv: list[str] | None = None) -> int:
         from gateway.harness import RedisServer
 
         jobs += [("redis", s) for s in args.shapes.split(",") if s]
+        jobs += [("redis-release", w) for w in args.waiters.split(",") if w]
+        jobs += [("redis-renew", n) for n in args.renewals.split(",") if n]
         server = RedisServer().start()
         os.environ[REDIS_URL] = server.url
     try:

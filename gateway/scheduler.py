@@ -28,9 +28,23 @@ from gateway.state.base import (
 
 log = logging.getLogger(__name__)
 
-# Waiters re-check at least this often even without a change notice (engine health and
-# reported usage change without releases).
+# Waiters not behind anyone re-check at least this often even without a change notice
+# (engine health and reported usage change without releases).
 POLL_S = 0.25
+
+PASS_POLL_S = 1.0
+"""A waiter behind another tenant's entry that the headroom rule may later let it pass
+(`Behind.may_pass`) looks again this often; shares change with every admission and
+release, and waking it at each of them would be a decision per release per waiter."""
+
+EXPIRY_SLACK_S = 0.05
+"""A waiter behind an entry whose time is up looks again this long after its expiry (the
+look itself removes it from the line, and wakes the others behind it)."""
+
+BEHIND_POLL_S = 10.0
+"""A waiter behind an entry it cannot pass waits for that entry to leave; it looks again
+after this long at most anyway (a notice lost in a reconnect is followed by a wake-up of
+everyone; this is the last resort)."""
 
 STAGE_WITHIN = 0.5
 """A waiter takes a staged slot (`admission.staged_seqs`: it would wait inside the engine
@@ -138,7 +152,7 @@ class Scheduler:
                         code="queue_timeout",
                         retry=await self._advice(ask, queued=True),
                     )
-                await self._pause(ask, min(remaining, POLL_S))
+                await self._pause(ask, result, remaining)
         except asyncio.CancelledError:
             leftover = True  # a store call may have been cut short after it took effect
             raise
@@ -149,17 +163,27 @@ class Scheduler:
                 # dequeue and release by id are idempotent, so hand back whatever there is.
                 await asyncio.shield(self._abandon(ask.id))
 
-    async def _pause(self, ask: Ask, within_s: float) -> None:
-        """Until the store changes (a release, a lease elsewhere) or `within_s`; when load
-        estimated as foreign may be what keeps the request out, the engines are scraped
-        sooner (`EnginePool.want_fresh`), and the next re-check reads the new figures.
+    async def _pause(self, ask: Ask, refusal: Refusal, remaining_s: float) -> None:
+        """Until the next re-check is worth making. Behind a queued entry (`queued_ahead`
+        with `Refusal.behind`): until that entry leaves, or its time is up, or (headroom)
+        the next `PASS_POLL_S`; capacity freed elsewhere cannot admit this request before
+        that entry goes. Otherwise until capacity may have changed (a release) or
+        `POLL_S`; when load estimated as foreign may be what keeps the request out, the
+        engines are scraped sooner (`EnginePool.want_fresh`), and the next re-check reads
+        the new figures.
 
         The end of that scrape wakes nobody on purpose: a scrape can fall between one of the
         gateway's requests ending in the engine and its lease's release, when the foreign
         estimate is one sequence short, and a waiter woken at once ran in that moment (a CI
         run admitted a request beyond a direct client's share)."""
+        behind = refusal.behind
+        if behind is not None:
+            cap = PASS_POLL_S if behind.may_pass else BEHIND_POLL_S
+            within = min(remaining_s, cap, behind.expires_in_s + EXPIRY_SLACK_S)
+            await self.store.wait_behind(ask.id, behind.entry_id, within)
+            return
         self.pool.want_fresh(ask.engines)
-        await self.store.wait_for_change(within_s)
+        await self.store.wait_for_change(min(remaining_s, POLL_S))
 
     def oldest_wait_s(self) -> float | None:
         """How long the longest-waiting of this process's queued requests has waited; None

@@ -260,13 +260,33 @@ class FairQueue:
         passable: Callable[[Waiting], bool] | None = None,
     ) -> bool:
         """True when a queued entry ordered before `key` competes for any of `engines`;
-        entries for which `passable` is true do not count (see gateway/core/headroom.py).
-        Looks at the entries ahead in line order up to the first that blocks."""
-        for _, entry_id in self._order.irange(maximum=(key,), inclusive=(True, False)):
+        entries for which `passable` is true do not count (see gateway/core/headroom.py)."""
+        return self.blocker(key, engines, own_id, passable) is not None
+
+    def blocker(
+        self,
+        key: Key,
+        engines: frozenset[str],
+        own_id: str | None = None,
+        passable: Callable[[Waiting], bool] | None = None,
+    ) -> Waiting | None:
+        """The nearest queued entry ordered before `key` that competes for any of `engines`
+        and is not `passable`; None when there is none (`blocked` is False). Looks back
+        from `key` up to the first that blocks: the one a waiter at `key` has to see leave
+        before anything else of the line ahead of it can matter."""
+        ahead = self._order.irange(maximum=(key,), inclusive=(True, False), reverse=True)
+        for _, entry_id in ahead:
             e = self._entries[entry_id]
             if e.engines & engines and e.id != own_id and (passable is None or not passable(e)):
-                return True
-        return False
+                return e
+        return None
+
+    def next_of_tenant(self, gone: Waiting) -> Waiting | None:
+        """The first entry of `gone`'s tenant and class ordered after `gone` (which has left):
+        the one that moved up the most when `gone` left unserved."""
+        finishes = self._finishes.get((gone.priority, gone.tenant)) or ()
+        later = (self._entries[i] for _, _, i in finishes)
+        return min((e for e in later if e.key > gone.key), key=_by_key, default=None)
 
     def blocks_ahead(self, engines: frozenset[str]) -> int:
         """Blocks wanted by queued entries competing for any of `engines`."""

@@ -94,11 +94,33 @@ WAITABLE: frozenset[str] = frozenset({"no_capacity", "queued_ahead"})
 
 
 @dataclass(frozen=True, slots=True)
+class Behind:
+    """The queued entry a `queued_ahead` ask waits behind: the nearest one ahead of it in
+    line that competes for one of its engines and that it may not pass. Until that entry
+    leaves the line (served, dequeued, expired) the ask stays behind it, whatever capacity
+    frees, so its waiter sleeps until then (`StateStore.wait_behind`) instead of deciding
+    again at every release.
+
+    `expires_in_s`: when the entry's time is up unless its replica renews it (it then
+    leaves at the next store call; a waiter looks again by then). `may_pass`: the ask could
+    pass it later without it leaving: headroom on, and another tenant's entry, that tenant
+    holding blocks (the headroom rule lets an ask within its share pass the entry of a
+    tenant above its own, and a tenant holding nothing is above no share)."""
+
+    entry_id: str
+    expires_in_s: float
+    may_pass: bool = False
+
+
+@dataclass(frozen=True, slots=True)
 class Refusal:
-    """Why an ask got no lease. `retry_after_s`: for rate limits, when there is room again."""
+    """Why an ask got no lease. `retry_after_s`: for rate limits, when there is room again.
+    `behind`: for `queued_ahead`, the entry it waits behind (None where a store cannot say);
+    not part of equality (the decision is the code)."""
 
     code: RefusalCode
     retry_after_s: float | None = None
+    behind: Behind | None = field(default=None, compare=False)
 
     @property
     def waitable(self) -> bool:
@@ -165,10 +187,19 @@ class StateStore(Protocol):
         ...
 
     async def wait_for_change(self, within_s: float) -> None:
-        """Return when capacity may have changed anywhere (a release or an admission, on any
-        replica) while someone waits in the line, or after `within_s` seconds. (Notices
-        are for waiters, and every waiter has an entry: with the line empty a store may
-        send none.)"""
+        """Return when capacity may have changed anywhere (a release, on any replica) while
+        someone waits in the line, or after `within_s` seconds. (Notices are for waiters,
+        and every waiter has an entry: with the line empty a store may send none.)"""
+        ...
+
+    async def wait_behind(self, waiter_id: str, entry_id: str, within_s: float) -> None:
+        """Return when the queued entry `entry_id` has left the line (served, dequeued or
+        expired, on any replica), when `waiter_id`'s own entry may have moved ahead of it
+        (an earlier entry of its tenant left unserved and the tenant's later entries moved
+        up), or after `within_s` seconds. Returns at once when `entry_id` has left
+        already. Targeted: a release wakes none of these waiters, an entry leaving wakes
+        the ones behind it, so one admission causes one more decision, not one per
+        waiter."""
         ...
 
     @property

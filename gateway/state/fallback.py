@@ -138,6 +138,12 @@ class FailOpenLocal:
             for wait in waits:
                 wait.cancel()
 
+    async def wait_behind(self, waiter_id: str, entry_id: str, within_s: float) -> None:
+        """Behind an entry of the line that decided: Redis's, or the local one in an
+        outage (the local store returns at once for an entry it does not hold)."""
+        store = self.local if self.degraded else self.shared
+        await store.wait_behind(waiter_id, entry_id, within_s)
+
     @property
     def degraded(self) -> bool:
         return self.shared.degraded

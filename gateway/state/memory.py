@@ -26,6 +26,7 @@ from gateway.core.types import EngineLoad, TenantPolicy
 from gateway.state.active import ActiveTenants, Unused
 from gateway.state.base import (
     AdmissionAsk,
+    Behind,
     Lease,
     QueueEntry,
     QueueVerdict,
@@ -33,6 +34,7 @@ from gateway.state.base import (
     Refusal,
 )
 from gateway.state.totals import StoreTotals
+from gateway.state.wakeups import BehindWaiters
 
 _NO_LOAD = EngineLoad()
 
@@ -125,6 +127,7 @@ class InMemoryStore:
         self._line = FairQueue(burst_blocks)
         self._holds = PrefixHolds()  # prefix blocks the leases hold, per engine
         self._changed = asyncio.Event()
+        self._behind = BehindWaiters()  # `wait_behind` callers (this store's calls report)
 
     async def try_admit(self, ask: AdmissionAsk) -> Lease | Refusal:
         if ask.lease_id in self._held:
@@ -155,8 +158,16 @@ class InMemoryStore:
         engines = frozenset(c.view.spec.name for c in ask.candidates)
         rule = self._headroom_rule(ask, usage.blocks, now)
         passable = rule.passable if rule is not None else None
-        if self._line.blocked(key, engines, own_id=ask.lease_id, passable=passable):
-            return Refusal("queued_ahead")
+        ahead = self._line.blocker(key, engines, own_id=ask.lease_id, passable=passable)
+        if ahead is not None:
+            may_pass = (  # another tenant's entry, that tenant holding blocks (headroom.py)
+                passable is not None
+                and ahead.tenant != policy.name
+                and self.tenant_blocks(ahead.tenant) > 0
+            )
+            return Refusal(
+                "queued_ahead", behind=Behind(ahead.id, max(0.0, ahead.expires_at - now), may_pass)
+            )
         views = [
             Candidate(
                 view=c.view.with_load(self._loads.get(c.view.spec.name, _NO_LOAD)), need=c.need
@@ -208,7 +219,7 @@ class InMemoryStore:
         )
         self._tenants[policy.name] = charged
         if self._line.serve(ask.lease_id) is not None:
-            self._notify()  # the line moved: those behind may now go
+            self._behind.departed(ask.lease_id)  # the line moved: those behind may now go
         else:
             self._line.charge(policy.name, policy.priority, policy.weight, lease.blocks)
         self._changed_tenant(policy.name, seen)
@@ -313,7 +324,7 @@ class InMemoryStore:
         gone = self._line.leave(entry_id)
         if gone is not None:
             self._changed_tenant(gone.tenant)
-            self._notify()
+            self._left_unserved(gone)
 
     async def queue_length(self) -> int:
         self._expire()
@@ -343,12 +354,17 @@ class InMemoryStore:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(event.wait(), within_s)
 
+    async def wait_behind(self, waiter_id: str, entry_id: str, within_s: float) -> None:
+        if entry_id in self._line:
+            await self._behind.wait(waiter_id, entry_id, within_s)
+
     @property
     def degraded(self) -> bool:
         return False  # nothing to lose in-process
 
     async def close(self) -> None:
         self._notify()
+        self._behind.wake_all()
 
     async def totals(self) -> StoreTotals:
         """Everything held right now (not part of the port: tests and metrics)."""
@@ -423,13 +439,22 @@ class InMemoryStore:
         gone = self._line.expire(now)
         for tenant in {e.tenant for e in gone}:
             self._changed_tenant(tenant)
-        if gone:
-            self._notify()
+        for e in gone:
+            self._left_unserved(e)
         return now
 
     def _notify(self) -> None:
+        """Capacity may have changed: wake the waiters not behind anyone."""
         self._changed.set()
         self._changed = asyncio.Event()
+
+    def _left_unserved(self, gone: Waiting) -> None:
+        """`gone` left without service: those behind it, and its tenant's next entry (which
+        moved up by its charge, perhaps past the entry it waited behind), look again."""
+        self._behind.departed(gone.id)
+        moved = self._line.next_of_tenant(gone)
+        if moved is not None:
+            self._behind.wake(moved.id)
 
     def _add(self, engine: str, blocks: int, seqs: int, prompt_blocks: int) -> None:
         load = self._loads.get(engine, EngineLoad())

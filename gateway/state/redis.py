@@ -14,8 +14,10 @@ past their `max_wait_s`), so a dead replica's entries leave the line — and sto
 towards `max_length` — within `lease_ttl_s` too.
 
 A change that may let a waiter in (a release, an entry leaving the line, a reaped lease) is
-published on `{<key_prefix>}:changed` by the script itself; every store listens and wakes
-its `wait_for_change` callers.
+published on `{<key_prefix>}:changed` by the script itself, saying what changed (common.lua
+`finish`); every store listens and wakes only the waiters it concerns: capacity freed wakes
+its `wait_for_change` callers (the waiters not behind anyone), an entry leaving wakes the
+`wait_behind` callers behind it.
 
 Connections are bounded: at most `max_connections` per store — one held by the change
 listener (redis-py's pub/sub), one lane of one for the background renewals, and a lane of
@@ -59,6 +61,7 @@ from gateway.core.tenants import Bucket, TenantUsage
 from gateway.core.types import EngineLoad, TenantPolicy
 from gateway.state.base import (
     AdmissionAsk,
+    Behind,
     Lease,
     QueueEntry,
     QueueVerdict,
@@ -69,6 +72,7 @@ from gateway.state.base import (
 from gateway.state.errors import StateUnavailable
 from gateway.state.scripts import Lane, Script
 from gateway.state.totals import StoreTotals
+from gateway.state.wakeups import BehindWaiters
 
 log = logging.getLogger(__name__)
 
@@ -95,6 +99,11 @@ SCRIPTS = ("admit", "release", "renew", "extend", "enqueue", "dequeue", "inspect
 MIN_KEY_TTL_S = 130.0
 # After a failed call, go straight to the failure path for this long before trying again.
 RETRY_REDIS_AFTER_S = 0.5
+RENEW_CHUNK = 100
+"""Leases and entries per renew script call: a round of 10,000 leases is 100 calls of at
+most ~0.45 ms each (measured) instead of one of ~15 ms that holds Redis's one thread, for
+~1.3x the server time in all (issue 14; docs/benchmarks.md)."""
+_DEPARTED_KEPT = 4096  # entries remembered as gone (`wait_behind` begun after the notice)
 MAX_CONNECTIONS = 32
 """The default pool size per store (per gateway process)."""
 MIN_CONNECTIONS = 3  # the listener, the renewals, and at least one for the request path
@@ -184,6 +193,7 @@ class RedisStore:
         self._renewing = asyncio.Lock()
         self._down_until = 0.0  # monotonic; before it, skip Redis
         self._changed = asyncio.Event()
+        self._behind = BehindWaiters(_DEPARTED_KEPT)  # `wait_behind` callers: the notices
         self._tasks: list[asyncio.Task[None]] = []
         self._closed = False
 
@@ -196,7 +206,10 @@ class RedisStore:
         if kind == "refused":
             code: RefusalCode = _text(reply[1])  # type: ignore[assignment]
             retry = _text(reply[2])
-            return Refusal(code, float(retry) if retry else None)
+            behind = None
+            if len(reply) >= 6:  # queued_ahead: the entry it waits behind
+                behind = Behind(_text(reply[3]), float(reply[4]), _text(reply[5]) == "1")
+            return Refusal(code, float(retry) if retry else None, behind)
         if kind == "exists" and _text(reply[4]) != self.replica_id:
             raise KeyError(f"lease {ask.lease_id} already exists")
         # "exists" from this replica: a retried call whose first run wrote the lease.
@@ -313,6 +326,10 @@ class RedisStore:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(event.wait(), within_s)
 
+    async def wait_behind(self, waiter_id: str, entry_id: str, within_s: float) -> None:
+        self._start()
+        await self._behind.wait(waiter_id, entry_id, within_s)
+
     async def close(self) -> None:
         """Stop renewing and listening and close the connections. Leases still held are not
         released here: they expire within `lease_ttl_s` (release them before closing)."""
@@ -322,7 +339,7 @@ class RedisStore:
         if self._tasks:
             await asyncio.wait(self._tasks, timeout=2.0)  # a swallowed cancel ends within 1 s
         self._tasks.clear()
-        self._notify()
+        self._notify_all()
         await self._request_lane.aclose()
         await self._background_lane.aclose()
         await self._redis.aclose()
@@ -493,8 +510,17 @@ class RedisStore:
         return len(self._pending_release) + len(self._pending_dequeue)
 
     async def _renew(self, held: dict[str, dict[str, Any]], entries: Sequence[str] = ()) -> None:
-        """Extend `held` (id -> record) and `entries`; Redis writes again the leases it lost."""
-        restored = await self._write_leases(held, entries)
+        """Extend `held` (id -> record) and `entries`; Redis writes again the leases it lost.
+        In calls of at most `RENEW_CHUNK` leases and entries, one after another."""
+        restored: list[str] = []
+        items, queued = list(held.items()), list(entries)
+        while True:
+            take, queued = queued[:RENEW_CHUNK], queued[RENEW_CHUNK:]
+            room = RENEW_CHUNK - len(take)
+            chunk, items = dict(items[:room]), items[room:]
+            restored += await self._write_leases(chunk, take)
+            if not items and not queued:
+                break
         for lease_id in restored:
             if lease_id in self._held:
                 log.warning(
@@ -546,21 +572,41 @@ class RedisStore:
             pubsub = self._redis.pubsub(ignore_subscribe_messages=True)
             try:
                 await pubsub.subscribe(self.channel)
-                self._notify()  # anything may have changed while we were not listening
+                self._notify_all()  # anything may have changed while we were not listening
                 while not self._closed:
                     message = await pubsub.get_message(timeout=1.0)
                     if message is not None:
-                        self._notify()
+                        self._on_message(message.get("data"))
             except REDIS_ERRORS:
-                self._notify()  # waiters fall back to their own polling
+                self._notify_all()  # waiters fall back to their own polling
                 await asyncio.sleep(RETRY_REDIS_AFTER_S)
             finally:
                 with contextlib.suppress(*REDIS_ERRORS):
                     await pubsub.aclose()  # type: ignore[no-untyped-call]
 
     def _notify(self) -> None:
+        """Capacity may have changed: wake the waiters not behind anyone."""
         self._changed.set()
         self._changed = asyncio.Event()
+
+    def _notify_all(self) -> None:
+        """Anything may have changed (a notice may have been missed): wake every waiter."""
+        self._notify()
+        self._behind.wake_all()
+
+    def _on_message(self, data: Any) -> None:
+        """A change notice (common.lua `finish`): 'c', 'd:<id>', 'w:<id>' lines."""
+        text = _text(data) if data is not None else ""
+        for line in text.split("\n"):
+            if line == "c":
+                self._notify()
+            elif line.startswith("d:"):
+                self._behind.departed(line[2:])
+            elif line.startswith("w:"):
+                self._behind.wake(line[2:])
+            else:  # a replica of an older version: '1', anything changed
+                self._notify_all()
+                return
 
 
 def _flat(raw: Sequence[Any]) -> dict[str, int]:

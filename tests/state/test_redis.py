@@ -12,6 +12,7 @@ import redis.asyncio as aioredis
 
 from gateway.core.routing import Router
 from gateway.core.types import DEFAULT_TENANT, EngineLoad, TenantPolicy
+from gateway.state import redis as redis_store_module
 from gateway.state.base import Lease, QueueEntry, Refusal
 from gateway.state.errors import StateUnavailable
 from gateway.state.fallback import FailOpenLocal
@@ -183,6 +184,45 @@ async def test_leases_lost_by_redis_are_written_again_by_the_renewal(replicas, p
     for lease in leases:
         assert await store.release(lease, used_tokens=10) is True
     assert store.held == frozenset()
+
+
+async def test_renewals_go_in_bounded_chunks(replicas, prefix, monkeypatch):
+    """A round of many leases and entries is several short scripts, not one long one (no
+    script holds Redis's one thread for long); each lease and entry is renewed, and the
+    leases Redis lost are written again, whichever chunk they fall in."""
+    monkeypatch.setattr(redis_store_module, "RENEW_CHUNK", 3)
+    store = replicas("replica-a", lease_ttl_s=30)
+    calls: list[tuple[int, int]] = []
+    write = store._write_leases
+
+    async def counted(records, entries=()):
+        calls.append((len(records), len(entries)))
+        return await write(records, entries)
+
+    monkeypatch.setattr(store, "_write_leases", counted)
+    a = spec("a", blocks=101, seqs=100)
+    leases = [await store.try_admit(ask(a, blocks=1)) for _ in range(7)]
+    hog = await store.try_admit(ask(a, blocks=100 - 7))
+    waiting = [ask(a, blocks=5) for _ in range(2)]
+    for w in waiting:
+        assert (
+            await store.enqueue(
+                QueueEntry(w.lease_id, DEFAULT_TENANT, frozenset({"a"}), 5, 60.0), 10
+            )
+            == "queued"
+        )
+    await drop_keys(prefix)  # every lease lost; the entries too (not written again)
+    calls.clear()
+    await store._renew(
+        {x.id: store._held[x.id] for x in [*leases, hog]}, [w.lease_id for w in waiting]
+    )
+    assert all(r + e <= 3 for r, e in calls) and len(calls) == 4, calls  # 8 leases + 2 entries
+    assert sum(r for r, _ in calls) == 8 and sum(e for _, e in calls) == 2
+    assert (await store.totals()).leases == 8
+    for w in waiting:
+        await store.dequeue(w.lease_id)
+    for lease in [*leases, hog]:
+        assert await store.release(lease) is True
 
 
 async def test_a_lease_written_again_releases_with_a_refund_like_any_other(replicas, prefix):

@@ -14,7 +14,8 @@
 --   is credited with the leading blocks of its prefix that live leases on its engine hold.
 -- Reply: {'lease', engine, blocks, seqs, rpm level, tpm level, now, prompt blocks, credit}
 --        (levels after this request, '' without that limit)
---        | {'refused', code, retry_after_s or ''}
+--        | {'refused', code, retry_after_s or '', for queued_ahead: the entry it waits behind,
+--           seconds until that entry's expiry, '1' if it may pass it later (headroom)}
 --        | {'exists', engine, blocks, seqs, replica, prompt blocks, credit}
 local id, replica, lease_ttl = ARGV[3], ARGV[4], tonumber(ARGV[5])
 local tenant, prio, weight = ARGV[6], tonumber(ARGV[7]), tonumber(ARGV[8])
@@ -124,7 +125,13 @@ end
 -- The order of the line: nobody queued before this ask may want any of its engines.
 local own = queued and entry(id) or nil
 local key = own and own.m or member(prio, start_tag(tenant, prio, weight, burst), NEWCOMER_SEQ, '')
-if blocked(key, engines, id, rule and rule.passable) then return refuse('queued_ahead') end
+local ahead, ahead_id = blocker(key, engines, id, rule and rule.passable)
+if ahead then
+  local expires = tonumber(redis.call('ZSCORE', K_QEXP, ahead_id)) or NOW
+  return finish({'refused', 'queued_ahead', '', ahead_id, fmt(math.max(0, expires - NOW)),
+    (rule and ahead.t ~= tenant and num(redis.call('HGET', K_TEN, 'k:' .. ahead.t)) > 0)
+      and '1' or '0'})
+end
 
 -- Routing (gateway/core/routing.py): filter, score, then a seeded choice among ties.
 local best, ties = nil, {}

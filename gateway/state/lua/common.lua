@@ -42,7 +42,10 @@ local CHANNEL = ARGV[2]
 local clock = redis.call('TIME')
 local NOW = tonumber(clock[1]) + tonumber(clock[2]) / 1e6
 local USEC = tonumber(clock[2])
-local changed = false
+-- What this script changed for waiters (published by `finish`): `released` capacity (a
+-- lease ended), the entries that left the line, the entries that moved up when an earlier entry
+-- of their tenant left unserved.
+local released, departed, moved = false, {}, {}
 local NEWCOMER_SEQ = '9999999999999999'
 
 local function opt(x)
@@ -430,7 +433,7 @@ local function drop_lease(id, used)
     bucket_set(l.t, 't', l.tpm, math.max(-l.tpm, math.min(l.tpm, level)))
   end
   settle(l.t, rec)
-  changed = true
+  released = true
   return l
 end
 
@@ -527,12 +530,14 @@ local function renew_entry(id, lease_ttl)
 end
 
 -- Move the tenant's entries after `e` (same class) back by e's charge, never before e's
--- start: an entry that leaves unserved leaves no hole in the tenant's run of tags.
+-- start: an entry that leaves unserved leaves no hole in the tenant's run of tags. The
+-- first of them (it moved up the most) looks again (`moved`).
 local function close_gap(e)
   local charge = tonumber(e.f) - tonumber(e.s)
   local p = e.t .. '\0' .. pkey(e.p)
-  for _, q in ipairs(redis.call('ZRANGEBYLEX', K_QTF, '(' .. e.q, '(' .. p .. ';')) do
+  for i, q in ipairs(redis.call('ZRANGEBYLEX', K_QTF, '(' .. e.q, '(' .. p .. ';')) do
     local id = member_id(string.sub(q, #e.t + 2))
+    if i == 1 then moved[#moved + 1] = id end
     local x = entry(id)
     local s, f = tonumber(x.s), tonumber(x.f)
     local start = math.max(tonumber(e.s), s - charge)
@@ -561,7 +566,7 @@ local function leave(id, served)
   redis.call('ZREM', K_QTF, e.q)
   if not served then close_gap(e) end
   settle(e.t, nil)
-  changed = true
+  departed[#departed + 1] = id
   return e
 end
 
@@ -587,13 +592,14 @@ local function expire_queue()
   for _, id in ipairs(ids) do leave(id, false) end
 end
 
--- True when an entry ordered before `key` (a member string) competes for any engine in
--- the set `engines` (engine -> true); `own` is the asker's own entry id. Entries for which
--- `passable(entry)` is true do not count (headroom).
-local function blocked(key, engines, own, passable)
+-- The nearest entry ordered before `key` (a member string) that competes for any engine
+-- in the set `engines` (engine -> true), with its id; nil when none does. `own` is the
+-- asker's own entry id. Entries for which `passable(entry)` is true do not count
+-- (headroom). Looks back from `key` (fairqueue.py `blocker`).
+local function blocker(key, engines, own, passable)
   local offset = 0
   while true do
-    local batch = redis.call('ZRANGEBYLEX', K_Q, '-', '(' .. key, 'LIMIT', offset, 100)
+    local batch = redis.call('ZREVRANGEBYLEX', K_Q, '(' .. key, '-', 'LIMIT', offset, 100)
     for _, m in ipairs(batch) do
       local id = member_id(m)
       if id ~= own then
@@ -605,10 +611,10 @@ local function blocked(key, engines, own, passable)
             break
           end
         end
-        if competes and (passable == nil or not passable(e)) then return true end
+        if competes and (passable == nil or not passable(e)) then return e, id end
       end
     end
-    if #batch < 100 then return false end
+    if #batch < 100 then return nil end
     offset = offset + 100
   end
 end
@@ -633,8 +639,17 @@ end
 
 -- Change notices are for waiters, and every waiter has an entry in the line: with nobody
 -- queued there is nobody to wake (a release then costs no message to every replica).
+-- One message, lines: 'c' capacity freed (wakes the waiters not behind anyone), 'd:<id>'
+-- the entry left the line (wakes those behind it), 'w:<id>' the entry moved up (wakes its
+-- own waiter). Targeted: a release wakes the front of the line, not every waiter.
 local function finish(reply)
   touch(KEY_TTL_MS)
-  if changed and redis.call('ZCARD', K_QEXP) > 0 then redis.call('PUBLISH', CHANNEL, '1') end
+  if (released or #departed > 0 or #moved > 0) and redis.call('ZCARD', K_QEXP) > 0 then
+    local lines = {}
+    if released then lines[1] = 'c' end
+    for _, id in ipairs(departed) do lines[#lines + 1] = 'd:' .. id end
+    for _, id in ipairs(moved) do lines[#lines + 1] = 'w:' .. id end
+    redis.call('PUBLISH', CHANNEL, table.concat(lines, '\n'))
+  end
   return reply
 end
