@@ -29,6 +29,13 @@ Start-time fair queuing (Goyal et al., 1996), charged by KV blocks:
   tenant whose oldest entries time out falls below its share).
 - Admissions that never queued are charged too (`charge`), so a tenant that just took a
   burst of capacity directly goes behind the others when the line forms.
+- A served tag that can no longer matter is forgotten (issue 14: tenants come and go, the
+  line's memory must not grow with every tenant ever served): once `F_t ≤ V − B / weight`
+  (weight as the tag was written), `max(V − B / weight, F_t)` is `V − B / weight` for good,
+  since V never goes back; a tenant whose queued entries remain keeps their later tags. A
+  few such tags are dropped at each write (`PRUNE_BATCH`, oldest horizon first). Exact while
+  the tenant's weight stays; if it comes back with a smaller weight it is a newcomer again,
+  with at most its burst credit, as any new tenant.
 
 Consequences the tests pin down: a tenant flooding the line only lengthens its own run of
 tags, so another tenant's new entry lands at most one entry of the flooder behind the head
@@ -54,6 +61,13 @@ PRIORITY_LIMIT = 10**9
 
 BURST_BLOCKS = 256
 """The default burst credit `B`, in KV blocks (see the module docstring; 0 turns it off)."""
+
+PRUNE_BATCH = 4
+"""Served tags checked for forgetting at each write of one (the first few horizons)."""
+
+_MARGIN = 1e-9
+"""A horizon is taken this much (relative) later than computed: float rounding never
+forgets a tag that still matters by an ulp."""
 
 NEWCOMER_SEQ = 2**62
 """The arrival number of an ask that is not queued yet: after everyone who is."""
@@ -107,15 +121,19 @@ class FairQueue:
     and the expiry times (a heap, stale items skipped). tests/state/test_scale.py checks
     that the work per decision does not grow with the line."""
 
-    def __init__(self, burst_blocks: float = BURST_BLOCKS) -> None:
+    def __init__(self, burst_blocks: float = BURST_BLOCKS, *, prune: bool = True) -> None:
         check_burst(burst_blocks)
         self.burst_blocks = float(burst_blocks)
+        self.prune = prune  # forget served tags that can no longer matter
         self._entries: dict[str, Waiting] = {}
         self._order: Any = SortedList()  # (key, id) in line order
         self._counts: dict[str, int] = {}  # tenant → entries queued
         self._finishes: dict[tuple[int, str], Any] = {}  # (priority, tenant) → SortedList
         self._deadlines: list[tuple[float, int, str]] = []  # heap of (expires_at, seq, id)
         self._served: dict[tuple[int, str], float] = {}  # (priority, tenant) → finish tag
+        # When each served tag stops mattering (V past it by B / weight), in order.
+        self._horizons: dict[tuple[int, str], float] = {}
+        self._forget: Any = SortedList()  # (horizon, priority, tenant)
         self._idle_v: dict[int, float] = {}  # priority → largest start tag served
         self._floor: dict[int, float] = {}  # priority → V before the last change (V's floor)
         self._seq = 0
@@ -220,14 +238,16 @@ class FairQueue:
             self._hold_v(self._entries[entry_id].priority)
         entry = self._drop(entry_id)
         if entry is not None:
-            self._remember(entry.tenant, entry.priority, entry.start, entry.finish)
+            charge = entry.finish - entry.start  # blocks / weight
+            weight = entry.blocks / charge if entry.blocks > 0 and charge > 0 else None
+            self._remember(entry.tenant, entry.priority, entry.start, entry.finish, weight)
         return entry
 
     def charge(self, tenant: str, priority: int, weight: float, blocks: int) -> None:
         """An admission that never queued: charge it as if served straight away."""
         check_policy(priority, weight)
         start = self._tag(tenant, priority, weight)
-        self._remember(tenant, priority, start, start + blocks / weight)
+        self._remember(tenant, priority, start, start + blocks / weight, weight)
 
     def surcharge(self, tenant: str, priority: int, weight: float, blocks: int) -> None:
         """More blocks for a request already served (its lease grew): the tenant's served
@@ -237,7 +257,7 @@ class FairQueue:
         check_policy(priority, weight)
         key = (priority, tenant)
         start = max(self.virtual_now(priority), self._served.get(key, 0.0))
-        self._served[key] = start + blocks / weight
+        self._set_served(key, start + blocks / weight, weight)
 
     def expire(self, now: float) -> list[Waiting]:
         """Remove and return entries whose time is up (they leave without service)."""
@@ -324,7 +344,44 @@ class FairQueue:
         self._hold_v(priority)
         return self.start_tag(tenant, priority, weight)
 
-    def _remember(self, tenant: str, priority: int, start: float, finish: float) -> None:
+    def _remember(
+        self, tenant: str, priority: int, start: float, finish: float, weight: float | None
+    ) -> None:
         key = (priority, tenant)
-        self._served[key] = max(self._served.get(key, 0.0), finish)
         self._idle_v[priority] = max(self._idle_v.get(priority, 0.0), start)
+        served = self._served.get(key)
+        if served is None or finish > served:
+            self._set_served(key, finish, weight)
+        else:
+            self._prune()
+
+    def _set_served(self, key: tuple[int, str], finish: float, weight: float | None) -> None:
+        """The tenant's served finish tag is `finish` now; `weight` (None: unknown) says
+        when it stops mattering."""
+        self._served[key] = finish
+        if not self.prune:
+            return
+        old = self._horizons.pop(key, None)
+        if old is not None:
+            self._forget.remove((old, *key))
+        if weight is not None:  # else kept until a write that knows it
+            horizon = (finish + self.burst_blocks / weight) * (1 + _MARGIN) + _MARGIN
+            self._horizons[key] = horizon
+            self._forget.add((horizon, *key))
+        self._prune()
+
+    def _prune(self) -> None:
+        """Forget up to `PRUNE_BATCH` served tags whose horizon V has passed."""
+        for _ in range(PRUNE_BATCH):
+            if not self._forget:
+                return
+            horizon, priority, tenant = self._forget[0]
+            if horizon > self.virtual_now(priority):
+                return
+            del self._forget[0]
+            del self._horizons[(priority, tenant)]
+            del self._served[(priority, tenant)]
+
+    def served_tags(self) -> int:
+        """How many tenants' served tags the line remembers (tests: they are forgotten)."""
+        return len(self._served)

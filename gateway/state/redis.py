@@ -93,6 +93,7 @@ KEY_NAMES = (
     "acts",
     "actr",
     "acta",
+    "fairh",
 )
 SCRIPTS = ("admit", "release", "renew", "extend", "enqueue", "dequeue", "inspect")
 # Buckets in debt need up to two minutes to fill again; keys must outlive that idle time.
@@ -258,7 +259,8 @@ class RedisStore:
             return lease
         target = int(record["b"]) + blocks  # a size, not a delta: safe to run twice
         try:
-            now = int(await self._call("extend", [lease.id, str(record["b"]), str(target)]))
+            args = [lease.id, str(record["b"]), str(target), repr(self.burst_blocks)]
+            now = int(await self._call("extend", args))
         except StateUnavailable:
             return lease
         # 0: gone from Redis while its request runs; the renewal writes it again, this size.

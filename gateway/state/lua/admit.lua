@@ -210,7 +210,7 @@ add(K_TEN, 'k:' .. tenant, chosen.b)
 if rpm then bucket_set(tenant, 'r', rpm, rpm_level - 1) end
 if tpm then bucket_set(tenant, 't', tpm, tpm_level - tokens) end
 if own then
-  serve(id) -- the line moved: those behind may now go
+  serve(id, burst) -- the line moved: those behind may now go
 else
   charge(tenant, prio, weight, chosen.b, burst)
 end

@@ -32,11 +32,13 @@
 --  15 acta    ZSET  tenant -> last seen, for the tenants holding nothing and not queued
 --                   (the next to age out of the window first); act, acts, actr and acta
 --                   always share one TTL (touch), so they expire together
+--  16 fairh   ZSET  "<prio>:<tenant>" -> when its served tag "f:<prio>:<tenant>" stops
+--                   mattering (F + B / weight: V past it); forgotten then (fairqueue.py)
 -- ARGV[1] key TTL (s), ARGV[2] change channel; the script's own arguments follow.
 local K_LEASES, K_LEXP, K_LOAD, K_TEN, K_RATE = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local K_Q, K_QENT, K_QEXP, K_QTF, K_FAIR = KEYS[6], KEYS[7], KEYS[8], KEYS[9], KEYS[10]
 local K_ACT, K_PFX = KEYS[11], KEYS[12]
-local K_ACTS, K_ACTR, K_ACTA = KEYS[13], KEYS[14], KEYS[15]
+local K_ACTS, K_ACTR, K_ACTA, K_FAIRH = KEYS[13], KEYS[14], KEYS[15], KEYS[16]
 local KEY_TTL_MS = math.floor(tonumber(ARGV[1]) * 1000)
 local CHANNEL = ARGV[2]
 local clock = redis.call('TIME')
@@ -570,21 +572,58 @@ local function leave(id, served)
   return e
 end
 
-local function remember(tenant, prio, start, finish)
-  local f, v = 'f:' .. prio .. ':' .. tenant, 'v:' .. prio
-  redis.call('HSET', K_FAIR, f, fmt(math.max(num(redis.call('HGET', K_FAIR, f)), finish)))
-  redis.call('HSET', K_FAIR, v, fmt(math.max(num(redis.call('HGET', K_FAIR, v)), start)))
+-- Served tags that can no longer matter are forgotten (fairqueue.py `_prune`): a few at
+-- each write, the first horizons of fairh, while V of their class has passed them.
+local PRUNE_BATCH, MARGIN = 4, 1e-9
+
+local function prune_tags()
+  for _ = 1, PRUNE_BATCH do
+    local first = redis.call('ZRANGE', K_FAIRH, 0, 0, 'WITHSCORES')
+    if #first == 0 then return end
+    local prio, tenant = string.match(first[1], '^(-?%d+):(.*)$')
+    if tonumber(first[2]) > virtual_now(tonumber(prio)) then return end
+    redis.call('ZREM', K_FAIRH, first[1])
+    redis.call('HDEL', K_FAIR, 'f:' .. prio .. ':' .. tenant)
+  end
 end
 
-local function serve(id)
+-- The tenant's served finish tag is `finish`; `weight` and `burst` (nil: unknown) say when
+-- it stops mattering.
+local function set_served(tenant, prio, finish, weight, burst)
+  local m = prio .. ':' .. tenant
+  redis.call('HSET', K_FAIR, 'f:' .. m, fmt(finish))
+  if weight and burst then
+    redis.call('ZADD', K_FAIRH, fmt((finish + burst / weight) * (1 + MARGIN) + MARGIN), m)
+  else
+    redis.call('ZREM', K_FAIRH, m) -- kept until a write that knows them
+  end
+  prune_tags()
+end
+
+local function remember(tenant, prio, start, finish, weight, burst)
+  local v = 'v:' .. prio
+  redis.call('HSET', K_FAIR, v, fmt(math.max(num(redis.call('HGET', K_FAIR, v)), start)))
+  local served = redis.call('HGET', K_FAIR, 'f:' .. prio .. ':' .. tenant)
+  if not served or finish > tonumber(served) then
+    set_served(tenant, prio, finish, weight, burst)
+  else
+    prune_tags()
+  end
+end
+
+local function serve(id, burst)
   local e = leave(id, true)
-  if e then remember(e.t, e.p, tonumber(e.s), tonumber(e.f)) end
+  if e then
+    local s, f, b = tonumber(e.s), tonumber(e.f), tonumber(e.b)
+    local weight = (b > 0 and f > s) and b / (f - s) or nil -- its charge is blocks / weight
+    remember(e.t, e.p, s, f, weight, burst)
+  end
   return e
 end
 
 local function charge(tenant, prio, weight, blocks, burst)
   local start = tag(tenant, prio, weight, burst)
-  remember(tenant, prio, start, start + blocks / weight)
+  remember(tenant, prio, start, start + blocks / weight, weight, burst)
 end
 
 local function expire_queue()

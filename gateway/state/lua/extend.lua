@@ -1,5 +1,6 @@
 -- extend: ARGV 3 lease id, 4 the lease's blocks as the caller knows them, 5 the blocks it
--- should hold now. A running request outgrew its (predicted) reservation: its engine holds
+-- should hold now, 6 the line's burst credit (for when the tag stops mattering; '' or
+-- absent from an older replica: unknown). A running request outgrew its (predicted) reservation: its engine holds
 -- the blocks already, so nothing is checked. Safe to run twice (a retried call): only what
 -- the lease lacks of ARGV 5 is added. A lease that is gone is not revived. The tenant's
 -- fair-queuing served finish tag moves on by the added blocks / weight, from max(V, F)
@@ -20,6 +21,6 @@ settle(l.t, rec)
 if present(l.p) and present(l.w) then
   local f = 'f:' .. l.p .. ':' .. l.t
   local start = math.max(virtual_now(l.p), num(redis.call('HGET', K_FAIR, f)))
-  redis.call('HSET', K_FAIR, f, fmt(start + more / l.w))
+  set_served(l.t, l.p, start + more / l.w, l.w, opt(ARGV[6]))
 end
 return finish(l.b)
