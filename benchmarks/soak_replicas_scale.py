@@ -212,7 +212,6 @@ def main(argv: list[str] | None = None) -> int:
             json.loads(c.stdout.read().splitlines()[-1]) for c in children[1 if killed else 0 :]
         ]
         time.sleep(LEASE_TTL_S + 1.0)  # the dead replica's leases and entries expire
-        # Reaped by the next script run: any call does it (one release of nothing).
         client.close()
         leftovers = _leftovers(server.url)
     finally:

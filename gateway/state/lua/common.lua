@@ -45,8 +45,8 @@ local clock = redis.call('TIME')
 local NOW = tonumber(clock[1]) + tonumber(clock[2]) / 1e6
 local USEC = tonumber(clock[2])
 -- What this script changed for waiters (published by `finish`): `released` capacity (a
--- lease ended), the entries that left the line, the entries that moved up when an earlier entry
--- of their tenant left unserved.
+-- lease ended), the entries that `departed` the line, the entries that `moved` up when an
+-- earlier entry of their tenant left unserved.
 local released, departed, moved = false, {}, {}
 local NEWCOMER_SEQ = '9999999999999999'
 
