@@ -12,6 +12,9 @@ the machine's load falls on both alike. It prints, per window and as medians:
 * req/s, and the CPU time per request of the gateway and — for the Redis target — of
   `redis-server`: the cost of shared state is the Redis gateway's CPU plus redis-server's
   against the in-process gateway's (the issue 18 target: at most 1.3x);
+* with `--commandstats`, for each Redis window the commands redis-server ran per request and
+  the time they took inside it (`INFO commandstats`), against its whole CPU per request:
+  the rest is its event loop (reading, parsing, replying);
 * with `--workers N,...`, the same for `kv-gateway serve --workers N` with Redis state (the
   CPU of the supervisor and all its workers together), to say what each worker adds.
 
@@ -66,6 +69,35 @@ def per_request(result: RateResult, prefixes: tuple[str, ...]) -> float:
     return sum(v for k, v in result.cpu_ms_per_request.items() if k.startswith(prefixes))
 
 
+def commandstats(url: str) -> dict[str, tuple[int, int]]:
+    """redis-server's `INFO commandstats`: command -> (calls, usec inside it)."""
+    import redis as redis_py
+
+    with redis_py.Redis.from_url(url) as client:
+        info = client.info("commandstats")
+    return {k.removeprefix("cmdstat_"): (v["calls"], v["usec"]) for k, v in info.items()}
+
+
+def print_commands(
+    before: dict[str, tuple[int, int]], after: dict[str, tuple[int, int]], requests: int
+) -> None:
+    """Per request: each command's calls and µs inside redis-server, the busiest first."""
+    rows = []
+    for name, (calls, usec) in after.items():
+        c0, u0 = before.get(name, (0, 0))
+        if calls > c0:
+            rows.append((usec - u0, calls - c0, name))
+    total = sum(r[0] for r in rows)
+    n = max(1, requests)
+    print(f"      inside commands: {total / n:.1f} µs/req", flush=True)
+    for usec, calls, name in sorted(rows, reverse=True)[:8]:
+        print(
+            f"        {name:18} {calls / n:5.2f} calls/req  {usec / n:6.1f} µs/req  "
+            f"{usec / max(1, calls):6.1f} µs/call",
+            flush=True,
+        )
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="bench_state_cost.py", description=__doc__.splitlines()[0])
     p.add_argument("--rounds", type=int, default=3)
@@ -73,6 +105,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--concurrency", type=int, default=32)
     p.add_argument("--tokenizer", default="hf:@tiny")
     p.add_argument("--workers", default="", help="also measure `serve --workers N` (comma list)")
+    p.add_argument(
+        "--commandstats", action="store_true", help="redis-server's commands per request"
+    )
     p.add_argument("--json", type=Path)
     args = p.parse_args(argv)
     workers = [int(w) for w in args.workers.split(",") if w.strip()]
@@ -107,7 +142,10 @@ def main(argv: list[str] | None = None) -> int:
                         servers["redis-server"] = redis.proc.pid
                     servers["engine"] = engine.pid or 0
                     load = Load("raw", gw.url, path, body, args.seconds)
+                    watch = args.commandstats and name.startswith("redis")
+                    before = commandstats(redis.url) if watch else {}
                     res = window(name, load, args.concurrency, servers)
+                    after = commandstats(redis.url) if watch else {}
                     results.append(res)
                     gw_ms = per_request(res, ("gateway",))
                     rs_ms = per_request(res, ("redis-server",))
@@ -117,6 +155,8 @@ def main(argv: list[str] | None = None) -> int:
                         f"err {res.errors}  busy {res.machine_busy_cores}",
                         flush=True,
                     )
+                    if watch:
+                        print_commands(before, after, round(res.rps * res.seconds))
         finally:
             for child in reversed(children):
                 child.stop()

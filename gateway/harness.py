@@ -313,10 +313,13 @@ def serve_command() -> list[str]:
 
 class RedisServer:
     """A private `redis-server` (Debian's package) on a free port, keeping nothing on disk:
-    for a test session on a machine without one, and for tests that stop and restart Redis."""
+    for a test session on a machine without one, and for tests that stop and restart Redis.
+    `args`: more of its command line (e.g. `--rename-command FCALL ""`, a server without
+    functions, as before Redis 7.0)."""
 
-    def __init__(self, port: int | None = None) -> None:
+    def __init__(self, port: int | None = None, args: Sequence[str] = ()) -> None:
         self.port = port or free_port()
+        self.args = list(args)
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -327,7 +330,7 @@ class RedisServer:
         if shutil.which("redis-server") is None:
             raise StartError("redis-server is not installed (Debian: apt-get install redis-server)")
         argv = ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1"]
-        argv += ["--save", "", "--appendonly", "no"]
+        argv += ["--save", "", "--appendonly", "no", *self.args]
         self.proc = subprocess.Popen(
             argv,
             stdout=subprocess.DEVNULL,

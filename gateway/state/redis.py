@@ -1,8 +1,9 @@
 """Shared state in Redis: several gateway replicas, one set of leases, limits and one line.
 
-Every decision is one Lua script (`gateway/state/lua/`, run with EVALSHA by
-`gateway.state.scripts`, packed by hiredis), so it is atomic across replicas and takes one
-round trip. Scripts read the time from Redis `TIME`, never from a replica's clock.
+Every decision is one Lua script (`gateway/state/lua/`, one Redis function library run with
+FCALL by `gateway.state.scripts`, packed by hiredis; EVALSHA on a Redis before 7.0, or with
+`functions=False`), so it is atomic across replicas and takes one round trip. Scripts read
+the time from Redis `TIME`, never from a replica's clock.
 All keys share the hash tag `{<key_prefix>}` (one Cluster slot) and every write gives every
 key a TTL; see docs/state.md for the layout.
 
@@ -38,6 +39,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import json
 import logging
 import random
@@ -70,7 +72,7 @@ from gateway.state.base import (
     RefusalCode,
 )
 from gateway.state.errors import StateUnavailable
-from gateway.state.scripts import Lane, Script
+from gateway.state.scripts import Lane, Library, Script
 from gateway.state.totals import StoreTotals
 from gateway.state.wakeups import BehindWaiters
 
@@ -111,9 +113,29 @@ MIN_CONNECTIONS = 3  # the listener, the renewals, and at least one for the requ
 REDIS_ERRORS: tuple[type[BaseException], ...] = (RedisConnectionError, RedisTimeoutError, OSError)
 
 
+def _lua(name: str) -> str:
+    return (resources.files("gateway.state") / "lua" / f"{name}.lua").read_text()
+
+
 def _script_source(name: str) -> str:
-    lua = resources.files("gateway.state") / "lua"
-    return (lua / "common.lua").read_text() + "\n" + (lua / f"{name}.lua").read_text()
+    """Script `name` whole, for EVALSHA: the shared code, `begin`, then its body."""
+    return _lua("common") + "\nbegin(KEYS, ARGV)\n" + _lua(name)
+
+
+def _library() -> Library:
+    """Every script as one function library: the shared code once, then each body as the
+    function `<library>_<script>`. Named by a digest of its text, so replicas of different
+    versions (a rolling upgrade) each call their own."""
+    common, bodies = _lua("common"), {name: _lua(name) for name in SCRIPTS}
+    digest = hashlib.sha1("\0".join([common, *bodies.values()]).encode()).hexdigest()[:16]
+    name = f"kvgw_{digest}"
+    parts = [f"#!lua name={name}", common]
+    for script, body in bodies.items():
+        parts.append(
+            f"redis.register_function('{name}_{script}', function(KEYS, ARGV)\n"
+            f"begin(KEYS, ARGV)\n{body}\nend)"
+        )
+    return Library(name, "\n".join(parts) + "\n")
 
 
 def _opt(value: float | None) -> str:
@@ -140,6 +162,7 @@ class RedisStore:
         headroom: float = room.HEADROOM,
         active_window_s: float = room.ACTIVE_WINDOW_S,
         max_connections: int = MAX_CONNECTIONS,
+        functions: bool = True,
     ) -> None:
         if lease_ttl_s <= 0:
             raise ValueError("lease_ttl_s must be > 0")
@@ -182,7 +205,17 @@ class RedisStore:
         self._request_lane = Lane(pool.make_connection, max_connections - 2, self._still_up)
         self._background_lane = Lane(pool.make_connection, 1, self._still_up)
         shared = [repr(self.key_ttl_s), self.channel]  # ARGV 1 and 2 of every script
-        self._scripts = {name: Script(_script_source(name), self.keys, shared) for name in SCRIPTS}
+        library = _library() if functions else None
+        self._scripts = {
+            name: Script(
+                _script_source(name),
+                self.keys,
+                shared,
+                library=library,
+                function=f"{library.name}_{name}" if library else "",
+            )
+            for name in SCRIPTS
+        }
         # Leases this replica renews: id -> the lease's record as Redis holds it, written
         # again by the renewal if Redis lost it (see renew.lua).
         self._held: dict[str, dict[str, Any]] = {}

@@ -12,6 +12,7 @@ import redis.asyncio as aioredis
 
 from gateway.core.routing import Router
 from gateway.core.types import DEFAULT_TENANT, EngineLoad, TenantPolicy
+from gateway.harness import RedisServer
 from gateway.state import redis as redis_store_module
 from gateway.state.base import Lease, QueueEntry, Refusal
 from gateway.state.errors import StateUnavailable
@@ -75,6 +76,85 @@ async def test_lease_is_recorded_with_owner_and_expiry(replicas, prefix):
     assert store.held == {lease.id}
     assert await store.release(lease, used_tokens=40) is True
     assert store.held == frozenset()
+
+
+async def _script_calls(client: aioredis.Redis) -> dict[str, int]:
+    stats = await client.info("commandstats")
+    names = ("fcall", "evalsha", "function|load", "script|load")
+    return {n: int(stats.get(f"cmdstat_{n}", {}).get("calls", 0)) for n in names}
+
+
+async def _admit_and_release(store: RedisStore) -> None:
+    lease = await store.try_admit(ask(spec("a"), blocks=3))
+    assert isinstance(lease, Lease), lease
+    assert await store.release(lease) is True
+
+
+async def test_scripts_run_as_one_function_library_loaded_again_after_a_flush(replicas):
+    """A store calls its scripts with FCALL; a Redis that lost the library (restarted,
+    flushed) is sent it again and the call still succeeds."""
+    store = replicas("replica-a")
+    client = aioredis.from_url(redis_url())
+    try:
+        await _admit_and_release(store)
+        before = await _script_calls(client)
+        await _admit_and_release(store)
+        after = await _script_calls(client)
+        assert after["fcall"] - before["fcall"] == 2
+        assert after["evalsha"] == before["evalsha"]
+        await client.function_flush()
+        await _admit_and_release(store)
+        again = await _script_calls(client)
+        assert again["function|load"] - after["function|load"] == 1
+        assert again["fcall"] - after["fcall"] == 3  # the one that found none, once more, release
+    finally:
+        await client.aclose()
+
+
+async def test_a_redis_without_functions_is_called_with_evalsha(prefix):
+    """On a server without FCALL (Redis before 7.0; here the command renamed away) the store
+    falls back to EVALSHA at its first call and works as before."""
+    with RedisServer(args=["--rename-command", "FCALL", ""]) as server:
+        store = RedisStore(server.url, ["most_free_blocks"], replica_id="r", key_prefix=prefix)
+        client = aioredis.from_url(server.url)
+        try:
+            for _ in range(3):
+                await _admit_and_release(store)
+            calls = await _script_calls(client)
+            assert calls["evalsha"] >= 6 and calls["fcall"] == 0, calls
+            assert await store.totals() == StoreTotals()
+        finally:
+            await store.close()
+            await client.aclose()
+
+
+async def test_fresh_ttls_are_left_alone_and_shared_ttls_stay_equal(replicas, prefix):
+    """Keys whose TTL is within 1 % of the key TTL are not set again by every call (no
+    PEXPIRE while a lease keeps them alive); the headroom records and their aggregates keep
+    one TTL between them."""
+    store = replicas("replica-a")
+    client = aioredis.from_url(redis_url())
+    try:
+        held = await store.try_admit(ask(spec("a", blocks=40), blocks=3))
+        assert isinstance(held, Lease)
+
+        async def pexpires() -> int:
+            stats = await client.info("commandstats")
+            return int(stats.get("cmdstat_pexpire", {}).get("calls", 0))
+
+        before = await pexpires()
+        for _ in range(5):
+            lease = await store.try_admit(ask(spec("a", blocks=40), blocks=3))
+            assert isinstance(lease, Lease)
+            assert await store.release(lease) is True
+        assert await pexpires() == before  # every key there already, its TTL fresh
+        shared = [f"{{{prefix}}}:{name}" for name in ("act", "acts", "actr", "acta")]
+        ttls = [await client.pttl(key) for key in shared]
+        present = [t for t in ttls if t != -2]
+        assert present and max(present) - min(present) <= 5, ttls
+        assert await store.release(held) is True
+    finally:
+        await client.aclose()
 
 
 CAPACITY = {"a": 20, "b": 12}

@@ -1,4 +1,7 @@
--- Shared by every script of the Redis state store (prepended to each script body).
+-- Shared by every script of the Redis state store. Loaded once as a Redis function library
+-- (gateway/state/scripts.py: each script's body a function of it, so these definitions are
+-- not made afresh on every call), or, on a Redis without functions (before 7.0), prepended
+-- to each script body for EVALSHA. Either way a call begins with `begin(KEYS, ARGV)`.
 --
 -- KEYS (one hash tag, so one Cluster slot):
 --   1 leases  HASH  lease id -> json {e engine, b blocks, s seqs, pb prompt blocks, t tenant,
@@ -35,19 +38,32 @@
 --  16 fairh   ZSET  "<prio>:<tenant>" -> when its served tag "f:<prio>:<tenant>" stops
 --                   mattering (F + B / weight: V past it); forgotten then (fairqueue.py)
 -- ARGV[1] key TTL (s), ARGV[2] change channel; the script's own arguments follow.
-local K_LEASES, K_LEXP, K_LOAD, K_TEN, K_RATE = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
-local K_Q, K_QENT, K_QEXP, K_QTF, K_FAIR = KEYS[6], KEYS[7], KEYS[8], KEYS[9], KEYS[10]
-local K_ACT, K_PFX = KEYS[11], KEYS[12]
-local K_ACTS, K_ACTR, K_ACTA, K_FAIRH = KEYS[13], KEYS[14], KEYS[15], KEYS[16]
-local KEY_TTL_MS = math.floor(tonumber(ARGV[1]) * 1000)
-local CHANNEL = ARGV[2]
-local clock = redis.call('TIME')
-local NOW = tonumber(clock[1]) + tonumber(clock[2]) / 1e6
-local USEC = tonumber(clock[2])
+
+-- The call's keys, shared arguments, clock and what it changed: set by `begin`, once per
+-- call (a library's functions share these upvalues; Redis runs one call at a time).
+local K_LEASES, K_LEXP, K_LOAD, K_TEN, K_RATE
+local K_Q, K_QENT, K_QEXP, K_QTF, K_FAIR
+local K_ACT, K_PFX, K_ACTS, K_ACTR, K_ACTA, K_FAIRH
+local ALL_KEYS, KEY_TTL_MS, CHANNEL, NOW, USEC
 -- What this script changed for waiters (published by `finish`): `released` capacity (a
 -- lease ended), the entries that `departed` the line, the entries that `moved` up when an
 -- earlier entry of their tenant left unserved.
-local released, departed, moved = false, {}, {}
+local released, departed, moved
+
+local function begin(keys, argv)
+  ALL_KEYS = keys
+  K_LEASES, K_LEXP, K_LOAD, K_TEN, K_RATE = keys[1], keys[2], keys[3], keys[4], keys[5]
+  K_Q, K_QENT, K_QEXP, K_QTF, K_FAIR = keys[6], keys[7], keys[8], keys[9], keys[10]
+  K_ACT, K_PFX, K_ACTS, K_ACTR = keys[11], keys[12], keys[13], keys[14]
+  K_ACTA, K_FAIRH = keys[15], keys[16]
+  KEY_TTL_MS = math.floor(tonumber(argv[1]) * 1000)
+  CHANNEL = argv[2]
+  local clock = redis.call('TIME')
+  NOW = tonumber(clock[1]) + tonumber(clock[2]) / 1e6
+  USEC = tonumber(clock[2])
+  released, departed, moved = false, {}, {}
+end
+
 local NEWCOMER_SEQ = '9999999999999999'
 
 local function opt(x)
@@ -661,18 +677,29 @@ end
 -- ---- housekeeping -----------------------------------------------------------------------
 -- Every key gets a TTL; a script never shortens one (a long queue wait may have set more).
 -- The active tenants' records and their aggregates (11, 13, 14, 15) share the longest of
--- their TTLs: they expire together or not at all.
+-- their TTLs: they expire together or not at all. A TTL less than 1 % of the key TTL short
+-- of what it should be (1.3 s of 130 s) is left alone: a key is set again about once a
+-- second, not by every call (each PEXPIRE a command of its own inside the script).
 local SHARED_TTL = {[11] = true, [13] = true, [14] = true, [15] = true}
 
 local function touch(ttl_ms)
-  local cur, shared = {}, ttl_ms
-  for i = 1, #KEYS do
-    cur[i] = redis.call('PTTL', KEYS[i])
+  local slack = math.floor(KEY_TTL_MS / 100)
+  local cur, shared, stale = {}, ttl_ms, false
+  for i = 1, #ALL_KEYS do
+    cur[i] = redis.call('PTTL', ALL_KEYS[i])
     if SHARED_TTL[i] and cur[i] > shared then shared = cur[i] end
   end
-  for i = 1, #KEYS do
-    local want = SHARED_TTL[i] and shared or ttl_ms
-    if cur[i] ~= -2 and cur[i] < want then redis.call('PEXPIRE', KEYS[i], want) end
+  for i in pairs(SHARED_TTL) do
+    if cur[i] ~= -2 and cur[i] < shared - slack then stale = true end
+  end
+  for i = 1, #ALL_KEYS do
+    if cur[i] ~= -2 then
+      if SHARED_TTL[i] then
+        if stale and cur[i] < shared then redis.call('PEXPIRE', ALL_KEYS[i], shared) end
+      elseif cur[i] < ttl_ms - slack then
+        redis.call('PEXPIRE', ALL_KEYS[i], ttl_ms)
+      end
+    end
   end
 end
 
