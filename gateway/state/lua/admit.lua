@@ -71,24 +71,30 @@ for j = 1, tonumber(ARGV[at]) do
 end
 local held = num(redis.call('HGET', K_TEN, 'k:' .. tenant))
 local engines, within, pool, need = {}, {}, 0, 0
+local fields = {} -- the loads of the candidates within the share: 'b:<name>', 's:<name>'
 for i = 0, count - 1 do
   local base = 22 + i * 11
+  local name, b = ARGV[base], tonumber(ARGV[base + 6])
+  local cap, h = tonumber(ARGV[base + 1]), lists[tonumber(ARGV[base + 9])]
   local c = {
-    name = ARGV[base], cap = tonumber(ARGV[base + 1]), max_seqs = tonumber(ARGV[base + 2]),
+    name = name, cap = cap, max_seqs = tonumber(ARGV[base + 2]),
     for_b = tonumber(ARGV[base + 3]), for_s = tonumber(ARGV[base + 4]),
-    healthy = ARGV[base + 5] == '1', b = tonumber(ARGV[base + 6]), s = tonumber(ARGV[base + 7]),
-    pb = tonumber(ARGV[base + 8]), h = lists[tonumber(ARGV[base + 9])],
-    cached = tonumber(ARGV[base + 10]), cr = 0,
+    healthy = ARGV[base + 5] == '1', b = b, s = tonumber(ARGV[base + 7]),
+    pb = tonumber(ARGV[base + 8]), h = h, cached = tonumber(ARGV[base + 10]), cr = 0,
   }
-  need = math.max(need, c.b) -- the headroom rule's, before credit
-  if c.h then
-    c.cr = held_prefix(c.name, c.h)
-    c.b, c.pb = c.b - c.cr, math.max(0, c.pb - c.cr)
+  if b > need then need = b end -- the headroom rule's, before credit
+  if h then
+    c.cr = held_prefix(name, h)
+    c.b, c.pb = b - c.cr, math.max(0, c.pb - c.cr)
     c.cached = math.max(c.cached, c.cr)
   end
-  engines[c.name] = true
-  pool = pool + c.cap
-  if max_blocks == nil or held + c.b <= max_blocks then within[#within + 1] = c end
+  engines[name] = true
+  pool = pool + cap
+  if max_blocks == nil or held + c.b <= max_blocks then
+    within[#within + 1] = c
+    fields[#fields + 1] = 'b:' .. name
+    fields[#fields + 1] = 's:' .. name
+  end
 end
 if count > 0 and #within == 0 then return refuse('tenant_kv_share') end
 
@@ -134,33 +140,31 @@ if ahead then
 end
 
 -- Routing (gateway/core/routing.py): filter, score, then a seeded choice among ties.
-local best, ties = nil, {}
 local pool_free = 0
 for first = 1, #within, 500 do -- one HMGET per 500 engines (unpack's limit is far above)
-  local fields, last = {}, math.min(#within, first + 499)
-  for i = first, last do
-    fields[#fields + 1] = 'b:' .. within[i].name
-    fields[#fields + 1] = 's:' .. within[i].name
-  end
-  local loads = redis.call('HMGET', K_LOAD, unpack(fields))
+  local last = math.min(#within, first + 499)
+  local loads = redis.call('HMGET', K_LOAD, unpack(fields, 2 * first - 1, 2 * last))
   for i = first, last do
     local c, at = within[i], 2 * (i - first)
-    c.res_b, c.res_s = num(loads[at + 1]), num(loads[at + 2])
-    pool_free = pool_free + math.max(0, c.cap - c.res_b - c.for_b)
+    local res_b = tonumber(loads[at + 1]) or 0
+    c.res_b, c.res_s = res_b, tonumber(loads[at + 2]) or 0
+    local free = c.cap - res_b - c.for_b
+    if free > 0 then pool_free = pool_free + free end
   end
 end
+local nscore = #scorers
+local best, ties, score = nil, {}, {}
 for _, c in ipairs(within) do
-  local res_b, res_s = c.res_b, c.res_s
-  local free = c.cap - res_b - c.for_b
-  local running = res_s + c.for_s
-  local room = true
-  if rule and over_share(held, c.b, rule.mine, weight, rule.total, pool) then
+  local free = c.cap - c.res_b - c.for_b
+  local running = c.res_s + c.for_s
+  local room = c.healthy and c.b <= free and c.s <= c.max_seqs - running
+  if room and rule and over_share(held, c.b, rule.mine, weight, rule.total, pool) then
     room = free - c.b >= headroom * c.cap
       and pool_free - c.b >= unused_against(rule.unused, pool_free - c.b)
   end
-  if room and c.healthy and c.b <= free and c.s <= c.max_seqs - running then
-    local score = {}
-    for i, name in ipairs(scorers) do
+  if room then
+    for i = 1, nscore do
+      local name = scorers[i]
       if name == 'most_free_blocks' then
         score[i] = free
       elseif name == 'most_free_after' then
@@ -175,7 +179,7 @@ for _, c in ipairs(within) do
     end
     local cmp = 0
     if best then
-      for i = 1, #score do
+      for i = 1, nscore do
         if score[i] ~= best[i] then
           cmp = score[i] > best[i] and 1 or -1
           break
@@ -183,7 +187,7 @@ for _, c in ipairs(within) do
       end
     end
     if best == nil or cmp > 0 then
-      best, ties = score, {c}
+      best, score, ties = score, best or {}, {c}
     elseif cmp == 0 then
       ties[#ties + 1] = c
     end

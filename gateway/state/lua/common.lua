@@ -39,6 +39,15 @@
 --                   mattering (F + B / weight: V past it); forgotten then (fairqueue.py)
 -- ARGV[1] key TTL (s), ARGV[2] change channel; the script's own arguments follow.
 
+-- The standard functions as upvalues, bound by `begin` at each call: a script's globals are
+-- looked up through Redis's protected global table (a loop of 2,000 `tonumber` and
+-- `math.max` calls: 565 µs, 345 µs with them as locals), and a library's are not there yet
+-- while it loads.
+local function standard() -- defined before the locals below: here these are the globals
+  return tonumber, tostring, pairs, ipairs, unpack, math, string, table, cjson
+end
+local tonumber, tostring, pairs, ipairs, unpack, math, string, table, cjson
+
 -- The call's keys, shared arguments, clock and what it changed: set by `begin`, once per
 -- call (a library's functions share these upvalues; Redis runs one call at a time).
 local K_LEASES, K_LEXP, K_LOAD, K_TEN, K_RATE
@@ -51,6 +60,7 @@ local ALL_KEYS, KEY_TTL_MS, CHANNEL, NOW, USEC
 local released, departed, moved
 
 local function begin(keys, argv)
+  tonumber, tostring, pairs, ipairs, unpack, math, string, table, cjson = standard()
   ALL_KEYS = keys
   K_LEASES, K_LEXP, K_LOAD, K_TEN, K_RATE = keys[1], keys[2], keys[3], keys[4], keys[5]
   K_Q, K_QENT, K_QEXP, K_QTF, K_FAIR = keys[6], keys[7], keys[8], keys[9], keys[10]
