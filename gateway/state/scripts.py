@@ -15,8 +15,9 @@ the ~700 lines every script shares (common.lua) are defined once, not on each ca
 about 45 µs of each call's ~200-380 µs of server time on the 2-core machine:
 docs/benchmarks.md). A server that does not know the library (a fresh or restarted Redis:
 `Function not found`) is sent it and the call made again; a server without functions (Redis
-before 7.0: `unknown command`) is called with EVALSHA from then on, each script with the
-shared code prepended (the SHA computed once; `NOSCRIPT` loads the script and runs it again).
+before 7.0: `unknown command`), or one that does not let this user load or call them
+(renamed commands, an ACL: `NOPERM`), is called with EVALSHA from then on, each script with
+the shared code prepended (the SHA computed once; `NOSCRIPT` loads the script and runs it again).
 
 Contract: `Script.__call__` either returns the script's reply or raises redis-py's errors —
 `ConnectionError` / `TimeoutError` / `OSError` for a lost Redis (after one immediate retry
@@ -35,7 +36,7 @@ from typing import Any
 import hiredis
 from redis.asyncio.connection import AbstractConnection as Connection
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import NoScriptError, ResponseError
+from redis.exceptions import NoPermissionError, NoScriptError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 
@@ -95,6 +96,16 @@ class Lane:
             await conn.disconnect(nowait=True)
 
 
+def _no_function(error: ResponseError) -> bool:
+    """Whether an error says the server cannot run the library: it does not have it
+    (`Function not found`), has no such command (Redis before 7.0, or renamed away), or does
+    not let this user run it (`NOPERM`)."""
+    text = str(error)
+    return text.startswith(("Function not found", "unknown command")) or isinstance(
+        error, NoPermissionError
+    )
+
+
 class Library:
     """The scripts as one Redis function library: `source` (FUNCTION LOAD's text, its name in
     its first line) and whether the server takes FCALL (`functions`; False once a server
@@ -143,14 +154,20 @@ class Script:
                     await conn.send_packed_command(packed, check_health=False)
                     return await conn.read_response()
                 except ResponseError as e:
+                    if not _no_function(e):
+                        raise  # the script's own error
                     if str(e).startswith("Function not found"):  # a fresh or restarted Redis
-                        await conn.send_command("FUNCTION", "LOAD", "REPLACE", library.source)
-                        await conn.read_response()
-                        await conn.send_packed_command(packed, check_health=False)
-                        return await conn.read_response()
-                    if not str(e).startswith("unknown command"):
-                        raise
-                    library.functions = False  # Redis before 7.0: EVALSHA from now on
+                        try:
+                            await conn.send_command("FUNCTION", "LOAD", "REPLACE", library.source)
+                            await conn.read_response()
+                        except ResponseError as refused:
+                            if not _no_function(refused):
+                                raise
+                        else:
+                            await conn.send_packed_command(packed, check_health=False)
+                            return await conn.read_response()
+                    # Redis before 7.0, or FCALL / FUNCTION not allowed: EVALSHA from now on.
+                    library.functions = False
             packed = _pack((*self._head, *args))
             try:
                 await conn.send_packed_command(packed, check_health=False)

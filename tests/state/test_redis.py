@@ -111,17 +111,20 @@ async def test_scripts_run_as_one_function_library_loaded_again_after_a_flush(re
         await client.aclose()
 
 
-async def test_a_redis_without_functions_is_called_with_evalsha(prefix):
-    """On a server without FCALL (Redis before 7.0; here the command renamed away) the store
-    falls back to EVALSHA at its first call and works as before."""
-    with RedisServer(args=["--rename-command", "FCALL", ""]) as server:
+@pytest.mark.parametrize("missing", ["FCALL", "FUNCTION"])
+async def test_a_redis_without_functions_is_called_with_evalsha(prefix, missing):
+    """On a server without FCALL (Redis before 7.0), or that does not let the store load its
+    library (here either command renamed away), the store falls back to EVALSHA at its first
+    call and works as before."""
+    with RedisServer(args=["--rename-command", missing, ""]) as server:
         store = RedisStore(server.url, ["most_free_blocks"], replica_id="r", key_prefix=prefix)
         client = aioredis.from_url(server.url)
         try:
             for _ in range(3):
                 await _admit_and_release(store)
             calls = await _script_calls(client)
-            assert calls["evalsha"] >= 6 and calls["fcall"] == 0, calls
+            # At most the first call tried FCALL (it found no library it could load).
+            assert calls["evalsha"] >= 6 and calls["fcall"] <= 1, calls
             assert await store.totals() == StoreTotals()
         finally:
             await store.close()
