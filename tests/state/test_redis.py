@@ -18,7 +18,7 @@ from gateway.state.base import Lease, QueueEntry, Refusal
 from gateway.state.errors import StateUnavailable
 from gateway.state.fallback import FailOpenLocal
 from gateway.state.memory import InMemoryStore
-from gateway.state.redis import RedisStore
+from gateway.state.redis import KEY_NAMES, RedisStore
 from gateway.state.totals import StoreTotals
 from tests.redis_server import redis_url
 
@@ -150,11 +150,13 @@ async def test_fresh_ttls_are_left_alone_and_shared_ttls_stay_equal(replicas, pr
             lease = await store.try_admit(ask(spec("a", blocks=40), blocks=3))
             assert isinstance(lease, Lease)
             assert await store.release(lease) is True
-        assert await pexpires() == before  # every key there already, its TTL fresh
+        # Every key there already, its TTL fresh: none set again (the code before set 72).
+        # At most one each if the machine stalled past the 1.3 s of slack meanwhile.
+        assert await pexpires() - before <= len(KEY_NAMES)
         shared = [f"{{{prefix}}}:{name}" for name in ("act", "acts", "actr", "acta")]
-        ttls = [await client.pttl(key) for key in shared]
-        present = [t for t in ttls if t != -2]
-        assert present and max(present) - min(present) <= 5, ttls
+        expiries = [await client.execute_command("PEXPIRETIME", key) for key in shared]
+        present = [t for t in expiries if t > 0]  # -2: no such key (acta: nobody idle)
+        assert len(present) >= 3 and max(present) - min(present) <= 2, expiries
         assert await store.release(held) is True
     finally:
         await client.aclose()
