@@ -196,9 +196,9 @@ class StateStore(Protocol):
         """Return when the queued entry `entry_id` has left the line (served, dequeued or
         expired, on any replica), when `waiter_id`'s own entry may have moved ahead of it
         (an earlier entry of its tenant left unserved and the tenant's later entries moved
-        up), or after `within_s` seconds. Returns at once when the store knows `entry_id` has left
-        already. Targeted: a release wakes none of these waiters, an entry leaving wakes
-        the ones behind it, so one admission causes one more decision, not one per
+        up), or after `within_s` seconds. Returns at once when the store knows `entry_id`
+        has left already. Targeted: a release wakes none of these waiters, an entry leaving
+        wakes the ones behind it, so one admission causes one more decision, not one per
         waiter."""
         ...
 

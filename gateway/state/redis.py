@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hashlib
 import json
 import logging
@@ -113,7 +114,9 @@ MIN_CONNECTIONS = 3  # the listener, the renewals, and at least one for the requ
 REDIS_ERRORS: tuple[type[BaseException], ...] = (RedisConnectionError, RedisTimeoutError, OSError)
 
 
+@functools.cache
 def _lua(name: str) -> str:
+    """A Lua file of the package (read once per process)."""
     return (resources.files("gateway.state") / "lua" / f"{name}.lua").read_text()
 
 
@@ -123,19 +126,21 @@ def _script_source(name: str) -> str:
 
 
 def _library() -> Library:
-    """Every script as one function library: the shared code once, then each body as the
-    function `<library>_<script>`. Named by a digest of its text, so replicas of different
-    versions (a rolling upgrade) each call their own."""
-    common, bodies = _lua("common"), {name: _lua(name) for name in SCRIPTS}
-    digest = hashlib.sha1("\0".join([common, *bodies.values()]).encode()).hexdigest()[:16]
-    name = f"kvgw_{digest}"
-    parts = [f"#!lua name={name}", common]
-    for script, body in bodies.items():
-        parts.append(
-            f"redis.register_function('{name}_{script}', function(KEYS, ARGV)\n"
-            f"begin(KEYS, ARGV)\n{body}\nend)"
-        )
-    return Library(name, "\n".join(parts) + "\n")
+    """Every script as one function library: the shared code once, then each body as its
+    function (`Library.function_name`). Named by a digest of its whole text, so replicas of
+    different versions (a rolling upgrade) each call their own."""
+
+    def text(name: str) -> str:
+        parts = [f"#!lua name={name}", _lua("common")]
+        for script in SCRIPTS:
+            parts.append(
+                f"redis.register_function('{Library.function_name(name, script)}', "
+                f"function(KEYS, ARGV)\nbegin(KEYS, ARGV)\n{_lua(script)}\nend)"
+            )
+        return "\n".join(parts) + "\n"
+
+    name = f"kvgw_{hashlib.sha1(text('kvgw').encode()).hexdigest()[:16]}"
+    return Library(name, text(name))
 
 
 def _opt(value: float | None) -> str:
@@ -207,14 +212,7 @@ class RedisStore:
         shared = [repr(self.key_ttl_s), self.channel]  # ARGV 1 and 2 of every script
         library = _library() if functions else None
         self._scripts = {
-            name: Script(
-                _script_source(name),
-                self.keys,
-                shared,
-                library=library,
-                function=f"{library.name}_{name}" if library else "",
-            )
-            for name in SCRIPTS
+            name: Script(name, _script_source(name), self.keys, shared, library) for name in SCRIPTS
         }
         # Leases this replica renews: id -> the lease's record as Redis holds it, written
         # again by the renewal if Redis lost it (see renew.lua).

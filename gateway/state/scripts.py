@@ -109,33 +109,38 @@ def _no_function(error: ResponseError) -> bool:
 class Library:
     """The scripts as one Redis function library: `source` (FUNCTION LOAD's text, its name in
     its first line) and whether the server takes FCALL (`functions`; False once a server
-    said it has no such command, then every script goes by EVALSHA)."""
+    said it cannot run the library, then every script goes by EVALSHA)."""
 
     def __init__(self, name: str, source: str) -> None:
         self.name = name
         self.source = source
         self.functions = True
 
+    @staticmethod
+    def function_name(library: str, script: str) -> str:
+        """The function of `script` in the library named `library`."""
+        return f"{library}_{script}"
+
 
 class Script:
-    """One Lua script of a store: `await script(lane, args)` runs it with the store's keys
-    and the leading arguments every call shares (`shared`), then `args`: by FCALL of
-    `function` in `library` when there is one and the server has functions, else by
-    EVALSHA of `source` (the script whole, shared code included)."""
+    """One Lua script of a store, `name`: `await script(lane, args)` runs it with the store's
+    keys and the leading arguments every call shares (`shared`), then `args`: by FCALL of
+    its function in `library` when there is one and the server runs it, else by EVALSHA of
+    `source` (the script whole, shared code included)."""
 
     def __init__(
         self,
+        name: str,
         source: str,
         keys: Sequence[str],
         shared: Sequence[str],
-        *,
         library: Library | None = None,
-        function: str = "",
     ) -> None:
         self.source = source
         self.sha = hashlib.sha1(source.encode()).hexdigest()
         self._head: tuple[str | int, ...] = ("EVALSHA", self.sha, len(keys), *keys, *shared)
         self._library = library
+        function = Library.function_name(library.name, name) if library else ""
         self._fcall: tuple[str | int, ...] = ("FCALL", function, len(keys), *keys, *shared)
 
     async def __call__(self, lane: Lane, args: Sequence[str]) -> Any:
@@ -151,29 +156,38 @@ class Script:
             if library is not None and library.functions:
                 packed = _pack((*self._fcall, *args))
                 try:
-                    await conn.send_packed_command(packed, check_health=False)
-                    return await conn.read_response()
+                    return await _run(conn, packed)
                 except ResponseError as e:
                     if not _no_function(e):
                         raise  # the script's own error
-                    if str(e).startswith("Function not found"):  # a fresh or restarted Redis
-                        try:
-                            await conn.send_command("FUNCTION", "LOAD", "REPLACE", library.source)
-                            await conn.read_response()
-                        except ResponseError as refused:
-                            if not _no_function(refused):
-                                raise
-                        else:
-                            await conn.send_packed_command(packed, check_health=False)
-                            return await conn.read_response()
+                    # A fresh or restarted Redis lacks the library: send it, call again.
+                    missing = str(e).startswith("Function not found")
+                    if missing and await _load(conn, library):
+                        return await _run(conn, packed)
                     # Redis before 7.0, or FCALL / FUNCTION not allowed: EVALSHA from now on.
                     library.functions = False
             packed = _pack((*self._head, *args))
             try:
-                await conn.send_packed_command(packed, check_health=False)
-                return await conn.read_response()
+                return await _run(conn, packed)
             except NoScriptError:  # a Redis that restarted: load it, run it again
                 await conn.send_command("SCRIPT", "LOAD", self.source)
                 await conn.read_response()
-                await conn.send_packed_command(packed, check_health=False)
-                return await conn.read_response()
+                return await _run(conn, packed)
+
+
+async def _run(conn: Connection, packed: list[bytes]) -> Any:
+    """Send one packed command on `conn` and read its reply."""
+    await conn.send_packed_command(packed, check_health=False)
+    return await conn.read_response()
+
+
+async def _load(conn: Connection, library: Library) -> bool:
+    """FUNCTION LOAD the library; False when the server will not (see `_no_function`)."""
+    await conn.send_command("FUNCTION", "LOAD", "REPLACE", library.source)
+    try:
+        await conn.read_response()
+    except ResponseError as e:
+        if not _no_function(e):
+            raise
+        return False
+    return True

@@ -187,7 +187,7 @@ for _, c in ipairs(within) do
       end
     end
     if best == nil or cmp > 0 then
-      best, score, ties = score, best or {}, {c}
+      best, score, ties = score, best or {}, {c} -- the old best's table takes the next score
     elseif cmp == 0 then
       ties[#ties + 1] = c
     end

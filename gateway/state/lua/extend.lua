@@ -1,10 +1,10 @@
 -- extend: ARGV 3 lease id, 4 the lease's blocks as the caller knows them, 5 the blocks it
 -- should hold now, 6 the line's burst credit (for when the tag stops mattering; '' or
 -- absent from an older replica: unknown). A running request outgrew its (predicted)
--- reservation: its engine holds the blocks already, so nothing is checked. Safe to run twice (a retried call): only what
--- the lease lacks of ARGV 5 is added. A lease that is gone is not revived. The tenant's
--- fair-queuing served finish tag moves on by the added blocks / weight, from max(V, F)
--- (no burst credit; V does not move).
+-- reservation: its engine holds the blocks already, so nothing is checked. Safe to run
+-- twice (a retried call): only what the lease lacks of ARGV 5 is added. A lease that is
+-- gone is not revived. The tenant's fair-queuing served finish tag moves on by the added
+-- blocks / weight, from max(V, F) (no burst credit; V does not move).
 -- Reply: the lease's blocks now, or 0 when it is gone.
 reap_leases()
 local raw = redis.call('HGET', K_LEASES, ARGV[3])
