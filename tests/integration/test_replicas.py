@@ -70,7 +70,16 @@ async def sim_state(http, engine):
 
 
 async def admin_status(http, url):
-    return (await http.get(url + "/admin/status", headers=ADMIN_HEADERS)).json()
+    try:
+        response = await http.get(url + "/admin/status", headers=ADMIN_HEADERS)
+    except httpx.RemoteProtocolError:
+        # A kept-alive connection the gateway closed as it was reused (uvicorn's 5 s idle
+        # timer, read late by a client busy with hundreds of answers on two cores): HTTP/1.1's
+        # keep-alive race, not the gateway's state. Once more on a new connection (the pool's
+        # other idle ones may be as old); a gateway that is gone fails this one too.
+        async with httpx.AsyncClient(timeout=http.timeout) as fresh:
+            response = await fresh.get(url + "/admin/status", headers=ADMIN_HEADERS)
+    return response.json()
 
 
 async def settled(http, gateways):
