@@ -3,6 +3,7 @@ waiting requests, and how many decisions one release causes.
 
     nice -n 0 .venv/bin/python benchmarks/bench_admission_scale.py [--trees A,B] [--rounds 2]
                                                 [--seconds 3] [--stores memory,redis]
+                                                [--pairs 16]
 
 Decision cost, for each engines x tenants x waiting shape of the issue's table: a store with
 that many engines (8 blocks each way plus room to spare), each tenant admitted one 8-block
@@ -30,6 +31,11 @@ their headroom records (`act`, as common.lua documents it) written in one pipeli
 untimed decisions first (the new scripts count those records once). Renewals
 (`--renewals`): one replica holding that many leases renews them, three rounds; the renew
 script calls per round and each call's server time.
+
+Client cost (`--pairs C` with `redis` in `--stores`): admit + release pairs from C tasks at
+once on one engine (one lease each, 4 tenants), three rounds of 4,000 pairs after 200
+untimed: this process's CPU per pair (the store's client side: arguments, packing, the
+connection, the replies) and redis-server's (`INFO cpu`), and pairs per second.
 
 `--trees A,B`: run every measurement in a child process per source tree (`KVGW_TREE=A`,
 `B`: its `gateway` package), alternating tree by tree and round by round, so the
@@ -245,6 +251,55 @@ async def redis_decisions(
         await client.aclose()
 
 
+async def redis_pairs(concurrency: int, url: str) -> dict[str, Any]:
+    """Admit + release pairs, `concurrency` at a time: client and server CPU per pair."""
+    import redis.asyncio as aioredis
+
+    from gateway.core.routing import DEFAULT_SCORERS
+    from gateway.state.base import AdmissionAsk, Lease
+    from gateway.state.redis import RedisStore
+
+    store = RedisStore(
+        url, DEFAULT_SCORERS, replica_id="bench", key_prefix=f"pairs-{os.getpid()}", seed=0
+    )
+    client = aioredis.from_url(url)
+    candidates, _, policies = _scenario(1, 4, concurrency)
+    pairs, rounds = 4000 // concurrency * concurrency, []
+
+    async def pair(i: int) -> None:
+        lease = await store.try_admit(AdmissionAsk(f"p{i}", candidates, 1.0, policies[i % 4]))
+        assert isinstance(lease, Lease), lease
+        await store.release(lease)
+
+    async def worker(w: int) -> None:
+        for k in range(pairs // concurrency):
+            await pair(10**6 + w * pairs + k)
+
+    async def server_cpu() -> float:
+        info = await client.info("cpu")
+        return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
+
+    try:
+        for i in range(200):
+            await pair(i)
+        for _ in range(3):
+            s0, c0, t0 = await server_cpu(), time.process_time(), time.perf_counter()
+            await asyncio.gather(*(worker(w) for w in range(concurrency)))
+            t1, c1, s1 = time.perf_counter(), time.process_time(), await server_cpu()
+            rounds.append(
+                {
+                    "client_us_per_pair": round(1e6 * (c1 - c0) / pairs, 1),
+                    "server_us_per_pair": round(1e6 * (s1 - s0) / pairs, 1),
+                    "pairs_per_s": round(pairs / (t1 - t0)),
+                }
+            )
+        return {"concurrency": concurrency, "pairs": pairs, "rounds": rounds}
+    finally:
+        await store.close()
+        await client.flushdb()
+        await client.aclose()
+
+
 async def redis_renewal(leases: int, url: str) -> dict[str, Any]:
     """One renewal round of `leases` leases held by one replica: the renew scripts it runs
     and each one's server time (INFO commandstats around each script call)."""
@@ -381,6 +436,8 @@ def measure(kind: str, arg: str, seconds: float) -> dict[str, Any]:
     elif kind == "redis":
         e, t, w = (int(x) for x in arg.split("x"))
         got = asyncio.run(redis_decisions(e, t, w, seconds, os.environ[REDIS_URL]))
+    elif kind == "redis-pairs":
+        got = asyncio.run(redis_pairs(int(arg), os.environ[REDIS_URL]))
     elif kind == "redis-renew":
         got = asyncio.run(redis_renewal(int(arg), os.environ[REDIS_URL]))
     elif kind == "redis-release":
@@ -415,6 +472,7 @@ def main(argv: list[str] | None = None) -> int:
         help="comma-separated waiter counts; a count ending in t: each waiter its own tenant",
     )
     p.add_argument("--renewals", default="1000,10000", help="leases per renewal round (Redis)")
+    p.add_argument("--pairs", default="", help="admit + release pairs at once (Redis)")
     p.add_argument("--stores", default="memory", help="memory, redis, or both (comma-separated)")
     p.add_argument("--child", nargs=2, metavar=("KIND", "ARG"), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -441,6 +499,7 @@ def main(argv: list[str] | None = None) -> int:
         jobs += [("redis", s) for s in args.shapes.split(",") if s]
         jobs += [("redis-release", w) for w in args.waiters.split(",") if w]
         jobs += [("redis-renew", n) for n in args.renewals.split(",") if n]
+        jobs += [("redis-pairs", c) for c in args.pairs.split(",") if c]
         server = RedisServer().start()
         os.environ[REDIS_URL] = server.url
     try:

@@ -353,10 +353,11 @@ class RedisConfig(_Strict):
     local_share: float = Field(default=0.5, gt=0, le=1)
     # A Redis call (connect, or a script's answer) slower than this counts as Redis lost.
     timeout_s: float = Field(default=1.0, gt=0)
-    # Connections to Redis per gateway process: one for the change notices, one for the lease
-    # renewals, the rest for admissions and releases, which wait for a free one (never
-    # counted as Redis lost). Waiting requests hold none. Size: calls per second × round trip
-    # (2,000 req/s × 2 calls × ~1 ms ≈ 4 busy), plus room for bursts.
+    # Bounds the Redis calls of a gateway process: one connection for the change notices,
+    # one for the lease renewals, and one pipelined connection for admissions and releases
+    # carrying at most `max_connections - 2` calls in flight (more wait their turn, never
+    # counted as Redis lost). Waiting requests hold none. Size: calls per second × round
+    # trip (2,000 req/s × 2 calls × ~1 ms ≈ 4 in flight), plus room for bursts.
     max_connections: int = Field(default=32, ge=3)
 
 

@@ -20,12 +20,12 @@ published on `{<key_prefix>}:changed` by the script itself, saying what changed 
 its `wait_for_change` callers (the waiters not behind anyone), an entry leaving wakes the
 `wait_behind` callers behind it.
 
-Connections are bounded: at most `max_connections` per store — one held by the change
-listener (redis-py's pub/sub), one lane of one for the background renewals, and a lane of
-the rest shared by the request path's script calls (`gateway.state.scripts.Lane`), which
-wait for their turn (back-pressure) instead of opening more. Waiting requests hold none
-while they wait (they wait for the listener's notices); running out of connections is never
-mistaken for a lost Redis.
+Connections: three per store — the change listener's (redis-py's pub/sub), the background
+renewals' lane, and the request path's lane, one pipelined connection that carries at most
+`max_connections - 2` script calls in flight at once (`gateway.state.scripts.Lane`); a call
+beyond that waits for its turn (back-pressure) and its `timeout_s` starts when it is
+written. Waiting requests hold no call while they wait (they wait for the listener's
+notices); the bound is never mistaken for a lost Redis.
 
 Losing Redis: the calls that decide admission raise `StateUnavailable` (503, "fail closed")
 — limits and capacity shared by replicas cannot be checked, and admitting blind could
@@ -207,8 +207,13 @@ class RedisStore:
         self.max_connections = max_connections
         # The scripts' own connections, made with the same settings: the renewals' one,
         # never queued behind admissions, and the rest for the request path.
-        self._request_lane = Lane(pool.make_connection, max_connections - 2, self._still_up)
-        self._background_lane = Lane(pool.make_connection, 1, self._still_up)
+        # Their reads and writes are timed by the lane, per call (`Lane`), not by the socket.
+        lanes = aioredis.ConnectionPool.from_url(
+            url, socket_timeout=None, socket_connect_timeout=timeout_s, retry=Retry(NoBackoff(), 1)
+        )
+        calls = max_connections - 2
+        self._request_lane = Lane(lanes.make_connection, calls, self._still_up, timeout_s)
+        self._background_lane = Lane(lanes.make_connection, 1, self._still_up, timeout_s)
         shared = [repr(self.key_ttl_s), self.channel]  # ARGV 1 and 2 of every script
         library = _library() if functions else None
         self._scripts = {
@@ -225,6 +230,9 @@ class RedisStore:
         self._renewing = asyncio.Lock()
         self._down_until = 0.0  # monotonic; before it, skip Redis
         self._changed = asyncio.Event()
+        # Set while the listener is subscribed (tests wait for it: subscribing wakes every
+        # waiter once, in case a notice was missed before).
+        self._subscribed = asyncio.Event()
         self._behind = BehindWaiters(_DEPARTED_KEPT)  # `wait_behind` callers: the notices
         self._tasks: list[asyncio.Task[None]] = []
         self._closed = False
@@ -606,11 +614,13 @@ class RedisStore:
             try:
                 await pubsub.subscribe(self.channel)
                 self._notify_all()  # anything may have changed while we were not listening
+                self._subscribed.set()
                 while not self._closed:
                     message = await pubsub.get_message(timeout=1.0)
                     if message is not None:
                         self._on_message(message.get("data"))
             except REDIS_ERRORS:
+                self._subscribed.clear()
                 self._notify_all()  # waiters fall back to their own polling
                 await asyncio.sleep(RETRY_REDIS_AFTER_S)
             finally:

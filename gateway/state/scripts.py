@@ -5,10 +5,13 @@ through several layers of wrappers (retry, script registration, response callbac
 some thirty arguments per admission that was about half of the gateway's CPU time per
 request on the Redis path (measured with cProfile, docs/benchmarks.md). Here a script call
 is packed by hiredis's C packer (hiredis is a dependency: redis-py parses with it too), with the
-keys and the arguments every call shares packed into the same command, sent on a
-connection of a `Lane` (a bounded set of the store's own connections, without redis-py's
-pool and its per-call bookkeeping, which cost another ~30 µs per call), and its one reply
-read back.
+keys and the arguments every call shares packed into the same command, and sent on a
+`Lane`: one connection of the store's own, pipelined (calls in flight at once are written as
+they come and their replies read in order by one reader task), without redis-py's pool and
+its per-call timers and bookkeeping. A call through redis-py's connection one at a time —
+a pooled connection each, a timed write that starts a task, a timed read — cost about twice
+the client CPU of a pipelined one (admit + release pairs, 16 at a time: 310-430 against
+166-240 µs per pair on the 2-core machine, docs/benchmarks.md).
 
 The scripts are one Redis function library (`Library`, Redis 7.0 and later): loaded once, so
 the ~700 lines every script shares (common.lua) are defined once, not on each call (that was
@@ -22,15 +25,16 @@ the shared code prepended (the SHA computed once; `NOSCRIPT` loads the script an
 Contract: `Script.__call__` either returns the script's reply or raises redis-py's errors —
 `ConnectionError` / `TimeoutError` / `OSError` for a lost Redis (after one immediate retry
 on a fresh connection: every script is safe to run twice), `ResponseError` for an error the
-script raised. A connection whose call did not end cleanly is dropped, never reused.
+script raised. A connection that failed or answered late is dropped with every call in flight
+on it, never reused; a cancelled call's reply is read and dropped.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hashlib
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections import deque
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import hiredis
@@ -45,55 +49,180 @@ def _pack(args: Sequence[str | int]) -> list[bytes]:
 
 
 class Lane:
-    """A bounded set of connections for script calls: at most `size` at once, each used by
-    one call at a time; a call beyond that waits for its turn (back-pressure, not an
-    error). A connection a call left in doubt (lost, timed out, cancelled) is dropped and
-    replaced by a fresh one on demand. `on_turn` runs when a call's turn comes, before it
-    takes a connection: it may raise to fail the call at once (e.g. Redis known to be away
-    while the call waited)."""
+    """Script calls on one pipelined connection: at most `size` calls in flight at once (a
+    call beyond that waits for its turn: back-pressure, not an error), all written on the
+    same connection as they come and their replies read in order by one reader task, so
+    concurrent calls share the socket's writes and reads instead of each taking a connection
+    and a round trip of its own. Redis runs one command at a time whatever the connections,
+    so one is enough; `size` bounds how long the last call in flight can wait behind the
+    others (each call has `timeout_s` from its write to its reply).
+
+    A connection that failed (lost, a reply late past `timeout_s`) is dropped with every call
+    in flight on it failing alike (`ConnectionError` / `TimeoutError`: the scripts retry once
+    on a fresh one); the next call opens another. A call cancelled while in flight leaves
+    the connection as it is (its reply is read and dropped). `on_turn` runs when a call's
+    turn comes, before it is written: it may raise to fail the call at once (e.g. Redis
+    known to be away while the call waited). `factory` makes an unconnected redis-py
+    connection (its URL's settings, TLS and credentials); its reads and writes must have no
+    timeout of their own (`socket_timeout=None`): the lane times each call."""
 
     def __init__(
         self,
         factory: Callable[[], Connection],
         size: int,
         on_turn: Callable[[], None] | None = None,
+        timeout_s: float = 1.0,
     ) -> None:
         if size < 1:
-            raise ValueError("a lane needs at least one connection")
+            raise ValueError("a lane needs at least one call in flight")
         self.size = size
+        self.timeout_s = timeout_s
         self._factory = factory
         self._on_turn = on_turn
-        self._idle: list[Connection] = []
         self._turns = asyncio.Semaphore(size)
-        self.open = 0  # connections made and not dropped: at most `size`
+        self._pipe: _Pipe | None = None
+        self._opening: asyncio.Future[_Pipe] | None = None  # a connection being opened
+        self.open = 0  # connections made and not dropped: at most 1
 
-    @contextlib.asynccontextmanager
-    async def connection(self) -> AsyncIterator[Connection]:
+    async def call(self, packed: list[bytes]) -> Any:
+        """Send one packed command and return its reply (or raise redis-py's error)."""
         async with self._turns:
             if self._on_turn is not None:
                 self._on_turn()
-            if self._idle:
-                conn = self._idle.pop()
-            else:
-                conn = self._factory()
-                self.open += 1
-            clean = False
-            try:
-                if not conn.is_connected:
-                    await conn.connect()  # type: ignore[no-untyped-call]
-                yield conn
-                clean = True
-            finally:
-                if clean:
-                    self._idle.append(conn)
-                else:
-                    self.open -= 1
-                    await conn.disconnect(nowait=True)
+            pipe = self._pipe
+            if pipe is None or pipe.failed:
+                pipe = await self._connect()
+            return await pipe.call(packed)
+
+    async def _connect(self) -> _Pipe:
+        """The connection being opened, or a new one: calls that need one meanwhile share
+        the attempt (and its failure: a Redis that does not answer costs them one
+        `timeout_s` together, not one each in turn)."""
+        opening = self._opening
+        if opening is None:
+            self._opening = opening = asyncio.ensure_future(self._open())
+            opening.add_done_callback(self._opened)
+        return await asyncio.shield(opening)
+
+    def _opened(self, opening: asyncio.Future[_Pipe]) -> None:
+        if self._opening is opening:
+            self._opening = None
+        if not opening.cancelled():
+            opening.exception()  # retrieved: its callers may all have been cancelled
+
+    async def _open(self) -> _Pipe:
+        conn = self._factory()
+        try:
+            await asyncio.wait_for(conn.connect(), self.timeout_s)  # type: ignore[no-untyped-call]
+        except TimeoutError:
+            await conn.disconnect(nowait=True)
+            raise RedisTimeoutError("Timeout connecting to Redis") from None
+        except BaseException:
+            await conn.disconnect(nowait=True)
+            raise
+        self.open += 1
+        self._pipe = pipe = _Pipe(conn, self.timeout_s, self._dropped)
+        return pipe
+
+    def _dropped(self) -> None:
+        self.open -= 1
 
     async def aclose(self) -> None:
-        idle, self._idle = self._idle, []
-        for conn in idle:
-            await conn.disconnect(nowait=True)
+        if self._opening is not None:
+            self._opening.cancel()
+        pipe, self._pipe = self._pipe, None
+        if pipe is not None:
+            await pipe.close(RedisConnectionError("The store is closing."))
+
+
+class _Pipe:
+    """One connected redis-py connection carrying calls in flight: each call's command is
+    written at once (writes are in call order) and its future queued; the reader task reads
+    replies in the same order and resolves the futures; a timer fails the connection when
+    the oldest call in flight has waited `timeout_s` for its reply."""
+
+    def __init__(self, conn: Connection, timeout_s: float, on_drop: Callable[[], None]) -> None:
+        self._conn = conn
+        self._timeout_s = timeout_s
+        self._on_drop = on_drop
+        self._loop = asyncio.get_running_loop()
+        self._waiting: deque[tuple[float, asyncio.Future[Any]]] = deque()  # (deadline, reply)
+        self._timer: asyncio.TimerHandle | None = None
+        self.failed = False
+        self._reader = self._loop.create_task(self._read())
+
+    async def call(self, packed: list[bytes]) -> Any:
+        reply: asyncio.Future[Any] = self._loop.create_future()
+        self._waiting.append((self._loop.time() + self._timeout_s, reply))
+        if self._timer is None:
+            self._arm()
+        try:
+            # Written before this coroutine first yields: the bytes go out in the order the
+            # futures were queued.
+            await self._conn.send_packed_command(packed, check_health=False)
+        except BaseException as e:
+            if not reply.done():
+                reply.cancel()  # never awaited now: no "exception never retrieved"
+            if not isinstance(e, asyncio.CancelledError):
+                await self.close(e)
+            raise
+        return await reply
+
+    async def _read(self) -> None:
+        conn = self._conn
+        while True:
+            try:
+                got: Any = await conn.read_response(disconnect_on_error=False)
+            except ResponseError as e:  # the script's (or the server's) error: this call's
+                got = e
+            except BaseException as e:
+                await self.close(e)
+                return
+            if not self._waiting:
+                await self.close(RedisConnectionError("Redis sent a reply nobody asked for."))
+                return
+            _, reply = self._waiting.popleft()
+            if reply.done():  # its caller was cancelled
+                continue
+            if isinstance(got, ResponseError):
+                reply.set_exception(got)
+            else:
+                reply.set_result(got)
+
+    def _arm(self) -> None:
+        self._timer = self._loop.call_at(self._waiting[0][0], self._check)
+
+    def _check(self) -> None:
+        """The oldest call's deadline came: fail the connection if it is still waiting, else
+        wait for the next oldest call's."""
+        self._timer = None
+        if not self._waiting:
+            return
+        if self._waiting[0][0] <= self._loop.time():
+            self._loop.create_task(self.close(RedisTimeoutError("Timeout reading from Redis")))
+        else:
+            self._arm()
+
+    async def close(self, error: BaseException) -> None:
+        """Drop the connection: every call in flight fails with `error` (a redis-py
+        `ConnectionError` when it is not already one of redis-py's or a timeout)."""
+        if self.failed:
+            return
+        self.failed = True
+        self._on_drop()
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if not isinstance(error, (RedisConnectionError, RedisTimeoutError)):
+            error = RedisConnectionError(f"Lost the connection to Redis: {error!r}")
+        waiting, self._waiting = self._waiting, deque()
+        for _, reply in waiting:
+            if not reply.done():
+                reply.set_exception(error)
+        await self._conn.disconnect(nowait=True)
+        if asyncio.current_task() is not self._reader:
+            self._reader.cancel()
+            await asyncio.wait({self._reader}, timeout=1.0)
 
 
 def _no_function(error: ResponseError) -> bool:
@@ -152,40 +281,31 @@ class Script:
 
     async def _send(self, lane: Lane, args: Sequence[str]) -> Any:
         library = self._library
-        async with lane.connection() as conn:
-            if library is not None and library.functions:
-                packed = _pack((*self._fcall, *args))
-                try:
-                    return await _run(conn, packed)
-                except ResponseError as e:
-                    if not _no_function(e):
-                        raise  # the script's own error
-                    # A fresh or restarted Redis lacks the library: send it, call again.
-                    missing = str(e).startswith("Function not found")
-                    if missing and await _load(conn, library):
-                        return await _run(conn, packed)
-                    # Redis before 7.0, or FCALL / FUNCTION not allowed: EVALSHA from now on.
-                    library.functions = False
-            packed = _pack((*self._head, *args))
+        if library is not None and library.functions:
+            packed = _pack((*self._fcall, *args))
             try:
-                return await _run(conn, packed)
-            except NoScriptError:  # a Redis that restarted: load it, run it again
-                await conn.send_command("SCRIPT", "LOAD", self.source)
-                await conn.read_response()
-                return await _run(conn, packed)
+                return await lane.call(packed)
+            except ResponseError as e:
+                if not _no_function(e):
+                    raise  # the script's own error
+                # A fresh or restarted Redis lacks the library: send it, call again.
+                missing = str(e).startswith("Function not found")
+                if missing and await _load(lane, library):
+                    return await lane.call(packed)
+                # Redis before 7.0, or FCALL / FUNCTION not allowed: EVALSHA from now on.
+                library.functions = False
+        packed = _pack((*self._head, *args))
+        try:
+            return await lane.call(packed)
+        except NoScriptError:  # a Redis that restarted: load it, run it again
+            await lane.call(_pack(("SCRIPT", "LOAD", self.source)))
+            return await lane.call(packed)
 
 
-async def _run(conn: Connection, packed: list[bytes]) -> Any:
-    """Send one packed command on `conn` and read its reply."""
-    await conn.send_packed_command(packed, check_health=False)
-    return await conn.read_response()
-
-
-async def _load(conn: Connection, library: Library) -> bool:
+async def _load(lane: Lane, library: Library) -> bool:
     """FUNCTION LOAD the library; False when the server will not (see `_no_function`)."""
-    await conn.send_command("FUNCTION", "LOAD", "REPLACE", library.source)
     try:
-        await conn.read_response()
+        await lane.call(_pack(("FUNCTION", "LOAD", "REPLACE", library.source)))
     except ResponseError as e:
         if not _no_function(e):
             raise

@@ -14,11 +14,19 @@ from gateway.core.types import DEFAULT_TENANT, EngineSpec, Footprint, TenantPoli
 from gateway.engines.pool import EnginePool
 from gateway.scheduler import Ask, Scheduler
 from gateway.state.base import AdmissionAsk, Lease, Refusal
+from gateway.state.redis import RedisStore
 from tests.state.conftest import redis_store
 from tests.state.test_conformance import ask, queue_entry, spec, tenant_ask
 
 
-async def _stays_put(awaitable, seconds: float = 0.3) -> asyncio.Task:
+async def _stays_put(store, awaitable, seconds: float = 0.3) -> asyncio.Task:
+    """`awaitable` as a task, checked still waiting after `seconds`. On Redis, once the
+    store's listener is subscribed: subscribing wakes every waiter once (a notice may have
+    been missed before), which a waiter begun just then would take for its own wake-up."""
+    redis = getattr(store, "shared", store)  # FailOpenLocal's Redis store
+    if isinstance(redis, RedisStore):
+        redis._start()
+        await asyncio.wait_for(redis._subscribed.wait(), 5.0)
     task = asyncio.ensure_future(awaitable)
     await asyncio.sleep(seconds)
     assert not task.done()
@@ -72,7 +80,7 @@ async def test_wait_behind_ends_when_that_entry_leaves_not_on_a_release(store):
     first, second = ask(a, blocks=5), ask(a, blocks=5)
     for x in (first, second):
         assert await store.enqueue(queue_entry(x, DEFAULT_TENANT, 5), 10) == "queued"
-    waiter = await _stays_put(store.wait_behind(second.lease_id, first.lease_id, 30.0))
+    waiter = await _stays_put(store, store.wait_behind(second.lease_id, first.lease_id, 30.0))
     await store.release(small)  # capacity freed: nothing for a waiter behind `first`
     await asyncio.sleep(0.3)
     assert not waiter.done()
@@ -90,7 +98,7 @@ async def test_admitting_the_entry_ahead_wakes_the_one_behind(store):
     first, second = ask(a, blocks=4), ask(a, blocks=4)
     for x in (first, second):
         assert await store.enqueue(queue_entry(x, DEFAULT_TENANT, 4), 10) == "queued"
-    waiter = await _stays_put(store.wait_behind(second.lease_id, first.lease_id, 30.0))
+    waiter = await _stays_put(store, store.wait_behind(second.lease_id, first.lease_id, 30.0))
     await store.release(hog)
     lease = await store.try_admit(replace(first, queued=True))
     assert isinstance(lease, Lease)
@@ -114,7 +122,7 @@ async def test_an_earlier_entry_of_its_tenant_leaving_wakes_the_next(store):
         assert await store.enqueue(queue_entry(x, who), 10) == "queued"
     got = await store.try_admit(t_second)
     assert got.behind is not None and got.behind.entry_id == o_first.lease_id
-    waiter = await _stays_put(store.wait_behind(t_second.lease_id, o_first.lease_id, 30.0))
+    waiter = await _stays_put(store, store.wait_behind(t_second.lease_id, o_first.lease_id, 30.0))
     await store.dequeue(t_first.lease_id)  # unserved: t_second moves up
     await asyncio.wait_for(waiter, 2.0)
     for x in (o_first, t_second):
