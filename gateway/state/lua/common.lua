@@ -58,6 +58,13 @@ local ALL_KEYS, KEY_TTL_MS, CHANNEL, NOW, USEC
 -- lease ended), the entries that `departed` the line, the entries that `moved` up when an
 -- earlier entry of their tenant left unserved.
 local released, departed, moved
+-- The headroom records read by this call, decoded (tenant -> record, false: none): a call
+-- reads its tenant's several times (the rule, `observe`, `settle`); writes drop them.
+local records
+-- V of each priority class as this call computed it (prio -> V): read several times by one
+-- admission (its start tag, `hold_v`, the charge's tag, the pruning); a change of the line or
+-- of the class's V drops it (`hold_v` sets what V already is).
+local vnow
 
 local function begin(keys, argv)
   tonumber, tostring, pairs, ipairs, unpack, math, string, table, cjson = standard()
@@ -72,6 +79,8 @@ local function begin(keys, argv)
   NOW = tonumber(clock[1]) + tonumber(clock[2]) / 1e6
   USEC = tonumber(clock[2])
   released, departed, moved = false, {}, {}
+  records = {}
+  vnow = {}
 end
 
 local NEWCOMER_SEQ = '9999999999999999'
@@ -133,9 +142,13 @@ local function decoded(raw)
 end
 
 local function activity(tenant)
-  local raw = redis.call('HGET', K_ACT, tenant)
-  if not raw then return nil end
-  return decoded(raw)
+  local a = records[tenant]
+  if a == nil then
+    local raw = redis.call('HGET', K_ACT, tenant)
+    a = raw and decoded(raw) or false
+    records[tenant] = a
+  end
+  return a or nil
 end
 
 -- The recent usage at NOW, the tenant having held `held` blocks since the last update.
@@ -195,16 +208,22 @@ end
 
 -- The correctly rounded value of the limbs `sums` (k -> integer) less the limbs `minus`.
 local function weight_sum(sums, minus)
-  local l, top = {}, -1
+  local l, top, bottom = {}, -1, nil
   for k, v in pairs(sums) do
     l[k] = v
     if k > top then top = k end
+    if bottom == nil or k < bottom then bottom = k end
   end
   if minus then
-    for k, v in pairs(minus) do l[k] = (l[k] or 0) - v end
+    for k, v in pairs(minus) do
+      l[k] = (l[k] or 0) - v
+      if k > top then top = k end
+      if bottom == nil or k < bottom then bottom = k end
+    end
   end
+  if bottom == nil then return 0 end
   local carry = 0
-  for k = 0, top do
+  for k = bottom, top do
     local v = (l[k] or 0) + carry
     local low = v % LIMB
     carry = (v - low) / LIMB
@@ -216,8 +235,36 @@ local function weight_sum(sums, minus)
     l[top] = low
     carry = (carry - low) / LIMB
   end
-  while top >= 0 and l[top] == 0 do top = top - 1 end
-  if top < 0 then return 0 end
+  while top >= bottom and l[top] == 0 do top = top - 1 end
+  if top < bottom then return 0 end
+  -- The top four limbs as two exact 48-bit halves, V = hi x 2^48 + lo; its top bit q (72 to
+  -- 95); the 53 bits from q down are m = floor(V / 2^s), s = q - 52 (20 to 43, so both
+  -- terms below are exact), the rest decides the rounding with the limbs below (sticky).
+  local _, e = math.frexp(l[top])
+  local q = 71 + e -- e - 1: the top bit of limb `top`, 0 to 23
+  local s2 = q - 52
+  local result_exp = 24 * (top - 3) + s2 - 1074 -- the unit of m
+  if result_exp + 52 >= -1022 then -- a normal result (subnormal: the bit by bit way below)
+    local hi = l[top] * LIMB + (l[top - 1] or 0)
+    local lo = (l[top - 2] or 0) * LIMB + (l[top - 3] or 0)
+    local scale = 2 ^ s2
+    local lo_high = math.floor(lo / scale)
+    local m = hi * 2 ^ (48 - s2) + lo_high
+    local r = lo - lo_high * scale
+    local half = scale / 2
+    local round, sticky = r >= half, r % half > 0
+    if not sticky then
+      for k = bottom, top - 4 do
+        if (l[k] or 0) > 0 then
+          sticky = true
+          break
+        end
+      end
+    end
+    if round and (sticky or m % 2 == 1) then m = m + 1 end -- to nearest, ties to even
+    return math.ldexp(m, result_exp)
+  end
+  for k = 0, top do l[k] = l[k] or 0 end
   local function bit(i)
     local k = math.floor(i / 24)
     return math.floor(l[k] / 2 ^ (i - 24 * k)) % 2
@@ -276,6 +323,7 @@ local function settle(tenant, rec)
   else
     redis.call('ZADD', K_ACTA, fmt(rec.s), tenant)
   end
+  records[tenant] = nil
   redis.call('HSET', K_ACT, tenant, cjson.encode({
     w = fmt(rec.w), s = fmt(rec.s), u = fmt(rec.u), us = fmt(rec.us), n = fmt(rec.n),
     h = fmt(held),
@@ -289,6 +337,7 @@ local function forget(tenant, a)
   redis.call('ZREM', K_ACTR, tenant)
   redis.call('ZREM', K_ACTA, tenant)
   redis.call('HDEL', K_ACT, tenant)
+  records[tenant] = false
 end
 
 -- The aggregates again from the records, when they do not count them all (keys of an
@@ -297,6 +346,7 @@ local function rebuild()
   redis.call('DEL', K_ACTS, K_ACTR, K_ACTA)
   local flat = redis.call('HGETALL', K_ACT)
   redis.call('DEL', K_ACT)
+  records = {}
   for i = 1, #flat, 2 do settle(flat[i], decoded(flat[i + 1])) end
 end
 
@@ -490,6 +540,8 @@ local function entry(id)
 end
 
 local function virtual_now(prio)
+  local cached = vnow[prio]
+  if cached then return cached end
   local p = pkey(prio)
   local first = redis.call('ZRANGEBYLEX', K_Q, '[' .. p .. ':', '(' .. p .. ';', 'LIMIT', 0, 1)[1]
   local v
@@ -498,7 +550,9 @@ local function virtual_now(prio)
   else
     v = num(redis.call('HGET', K_FAIR, 'v:' .. prio))
   end
-  return math.max(num(redis.call('HGET', K_FAIR, 'vf:' .. prio)), v)
+  v = math.max(num(redis.call('HGET', K_FAIR, 'vf:' .. prio)), v)
+  vnow[prio] = v
+  return v
 end
 
 local function last_finish(tenant, prio)
@@ -539,6 +593,7 @@ local function push(id, tenant, prio, weight, engines, blocks, deadline, owner, 
   local m = member(prio, start, seq, id)
   local q = tenant .. '\0' .. m
   redis.call('ZADD', K_Q, 0, m)
+  vnow[prio] = nil
   redis.call('ZADD', K_QTF, 0, q)
   redis.call('ZADD', K_QEXP, math.min(deadline, NOW + lease_ttl), id)
   redis.call('HSET', K_QENT, id, cjson.encode({
@@ -577,6 +632,7 @@ local function close_gap(e)
       x.q = x.t .. '\0' .. x.m
       x.s, x.f = fmt(start), fmt(start + (f - s))
       redis.call('ZADD', K_Q, 0, x.m)
+      vnow[x.p] = nil
       redis.call('ZADD', K_QTF, 0, x.q)
       redis.call('HSET', K_QENT, id, cjson.encode(x))
     end
@@ -591,6 +647,7 @@ local function leave(id, served)
   hold_v(e.p) -- whatever leaves, V never goes back
   redis.call('HDEL', K_QENT, id)
   redis.call('ZREM', K_Q, e.m)
+  vnow[e.p] = nil
   redis.call('ZREM', K_QTF, e.q)
   if not served then close_gap(e) end
   settle(e.t, nil)
@@ -629,6 +686,7 @@ end
 local function remember(tenant, prio, start, finish, weight, burst)
   local v = 'v:' .. prio
   redis.call('HSET', K_FAIR, v, fmt(math.max(num(redis.call('HGET', K_FAIR, v)), start)))
+  vnow[prio] = nil
   local served = redis.call('HGET', K_FAIR, 'f:' .. prio .. ':' .. tenant)
   if not served or finish > tonumber(served) then
     set_served(tenant, prio, finish, weight, burst)
