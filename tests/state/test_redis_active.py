@@ -50,6 +50,19 @@ async def test_the_weights_sum_is_exact_whatever_the_weights() -> None:
         ]
         cases += [[rng.uniform(0.01, 10) for _ in range(rng.randint(1, 40))] for _ in range(40)]
         cases += [[rng.lognormvariate(0, 20) for _ in range(rng.randint(1, 40))] for _ in range(40)]
+        # Sums whose rounding needs the limbs below the top four (ties, sticky bits), and
+        # weights spread over the whole exponent range (the four-limb way and the bit by bit
+        # way for subnormal sums).
+        ties = [1.0, 0.5, 3.0, 0.1, 2.0**-52, 2.0**-53, 1 + 2.0**-52, 2.0**-80]
+        cases += [[rng.choice(ties) for _ in range(rng.randint(2, 30))] for _ in range(60)]
+        spread = [
+            [
+                rng.randint(1, 2**53) * 2.0 ** rng.randint(-1100, 60)
+                for _ in range(rng.randint(1, 8))
+            ]
+            for _ in range(60)
+        ]
+        cases += [[w for w in ws if w > 0] or [1.0] for ws in spread]
         for weights in cases:
             got = await client.eval(script, len(keys), *keys, "130", "c", *map(repr, weights))
             total = sum(_scaled(w) for w in weights)
