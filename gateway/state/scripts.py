@@ -9,9 +9,9 @@ keys and the arguments every call shares packed into the same command, and sent 
 `Lane`: one connection of the store's own, pipelined (calls in flight at once are written as
 they come and their replies read in order by one reader task), without redis-py's pool and
 its per-call timers and bookkeeping. A call through redis-py's connection one at a time —
-a pooled connection each, a timed write that starts a task, a timed read — cost about twice
-the client CPU of a pipelined one (admit + release pairs, 16 at a time: 310-430 against
-166-240 µs per pair on the 2-core machine, docs/benchmarks.md).
+a pooled connection each, a timed write that starts a task, a timed read — cost the client
+35-45 % more CPU than a pipelined one (admit + release pairs, 16 at a time: 339-372 against
+189-242 µs per pair on the 2-core machine, docs/benchmarks.md).
 
 The scripts are one Redis function library (`Library`, Redis 7.0 and later): loaded once, so
 the ~700 lines every script shares (common.lua) are defined once, not on each call (that was
