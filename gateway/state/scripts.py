@@ -63,8 +63,10 @@ class Lane:
     the connection as it is (its reply is read and dropped). `on_turn` runs when a call's
     turn comes, before it is written: it may raise to fail the call at once (e.g. Redis
     known to be away while the call waited). `factory` makes an unconnected redis-py
-    connection (its URL's settings, TLS and credentials); its reads and writes must have no
-    timeout of their own (`socket_timeout=None`): the lane times each call."""
+    connection (its URL's settings, TLS and credentials); redis-py connects it and speaks
+    the handshake, then the lane writes on its stream itself (redis-py's own write would
+    reconnect a dropped connection behind the pipe's back, and drop it when a caller is
+    cancelled mid-write) and reads with no socket timeout (the lane times each call)."""
 
     def __init__(
         self,
@@ -120,6 +122,7 @@ class Lane:
         except BaseException:
             await conn.disconnect(nowait=True)
             raise
+        conn.socket_timeout = None  # whatever the URL said: the lane times each call
         self.open += 1
         self._pipe = pipe = _Pipe(conn, self.timeout_s, self._dropped)
         return pipe
@@ -132,40 +135,54 @@ class Lane:
             self._opening.cancel()
         pipe, self._pipe = self._pipe, None
         if pipe is not None:
-            await pipe.close(RedisConnectionError("The store is closing."))
+            pipe.fail(RedisConnectionError("The store is closing."))
+            await pipe.closed()
 
 
 class _Pipe:
     """One connected redis-py connection carrying calls in flight: each call's command is
-    written at once (writes are in call order) and its future queued; the reader task reads
-    replies in the same order and resolves the futures; a timer fails the connection when
-    the oldest call in flight has waited `timeout_s` for its reply."""
+    written on its stream at once (writes are in call order) and its future queued; the
+    reader task reads replies in the same order and resolves the futures; a timer fails the
+    connection when the oldest call in flight has waited `timeout_s` for its reply. Once
+    failed, a pipe takes no more calls (the lane opens another).
+
+    Contract with redis-py (since 4.2): an asyncio connection holds its stream writer in
+    `_writer` once connected; tests/state/test_lane.py fails if that changes."""
 
     def __init__(self, conn: Connection, timeout_s: float, on_drop: Callable[[], None]) -> None:
         self._conn = conn
+        writer = conn._writer
+        if writer is None:
+            raise RedisConnectionError("Redis connection not open")
+        self._writer: asyncio.StreamWriter = writer
         self._timeout_s = timeout_s
         self._on_drop = on_drop
         self._loop = asyncio.get_running_loop()
         self._waiting: deque[tuple[float, asyncio.Future[Any]]] = deque()  # (deadline, reply)
         self._timer: asyncio.TimerHandle | None = None
+        self._closer: asyncio.Task[None] | None = None
         self.failed = False
         self._reader = self._loop.create_task(self._read())
 
     async def call(self, packed: list[bytes]) -> Any:
+        if self.failed:
+            raise RedisConnectionError("The connection to Redis was dropped.")
         reply: asyncio.Future[Any] = self._loop.create_future()
         self._waiting.append((self._loop.time() + self._timeout_s, reply))
         if self._timer is None:
             self._arm()
+        self._writer.writelines(packed)  # buffered now, in the order the futures are queued
         try:
-            # Written before this coroutine first yields: the bytes go out in the order the
-            # futures were queued.
-            await self._conn.send_packed_command(packed, check_health=False)
-        except BaseException as e:
+            await self._writer.drain()  # flow control only: the bytes are already queued
+        except asyncio.CancelledError:
+            # The command goes out all the same: its reply will be read and dropped.
             if not reply.done():
-                reply.cancel()  # never awaited now: no "exception never retrieved"
-            if not isinstance(e, asyncio.CancelledError):
-                await self.close(e)
+                reply.cancel()
+            elif not reply.cancelled():
+                reply.exception()  # failed meanwhile: retrieved, nobody will await it
             raise
+        except Exception as e:
+            self.fail(e)  # `reply` now holds the error
         return await reply
 
     async def _read(self) -> None:
@@ -176,10 +193,10 @@ class _Pipe:
             except ResponseError as e:  # the script's (or the server's) error: this call's
                 got = e
             except BaseException as e:
-                await self.close(e)
+                self.fail(e)
                 return
             if not self._waiting:
-                await self.close(RedisConnectionError("Redis sent a reply nobody asked for."))
+                self.fail(RedisConnectionError("Redis sent a reply nobody asked for."))
                 return
             _, reply = self._waiting.popleft()
             if reply.done():  # its caller was cancelled
@@ -199,13 +216,14 @@ class _Pipe:
         if not self._waiting:
             return
         if self._waiting[0][0] <= self._loop.time():
-            self._loop.create_task(self.close(RedisTimeoutError("Timeout reading from Redis")))
+            self.fail(RedisTimeoutError("Timeout reading from Redis"))
         else:
             self._arm()
 
-    async def close(self, error: BaseException) -> None:
-        """Drop the connection: every call in flight fails with `error` (a redis-py
-        `ConnectionError` when it is not already one of redis-py's or a timeout)."""
+    def fail(self, error: BaseException) -> None:
+        """Drop the connection now: every call in flight fails with `error` (a redis-py
+        `ConnectionError` when it is not already one of redis-py's or a timeout); a write
+        blocked on a full buffer returns at once (the transport is aborted, not closed)."""
         if self.failed:
             return
         self.failed = True
@@ -219,10 +237,15 @@ class _Pipe:
         for _, reply in waiting:
             if not reply.done():
                 reply.set_exception(error)
-        await self._conn.disconnect(nowait=True)
+        self._writer.transport.abort()
         if asyncio.current_task() is not self._reader:
             self._reader.cancel()
-            await asyncio.wait({self._reader}, timeout=1.0)
+        self._closer = self._loop.create_task(self._conn.disconnect(nowait=True))
+
+    async def closed(self) -> None:
+        """Until the reader and the disconnect have ended (after `fail`)."""
+        tasks = {t for t in (self._reader, self._closer) if t is not None}
+        await asyncio.wait(tasks, timeout=1.0)
 
 
 def _no_function(error: ResponseError) -> bool:
@@ -244,6 +267,7 @@ class Library:
         self.name = name
         self.source = source
         self.functions = True
+        self.loading: asyncio.Future[bool] | None = None  # a FUNCTION LOAD on its way
 
     @staticmethod
     def function_name(library: str, script: str) -> str:
@@ -303,7 +327,24 @@ class Script:
 
 
 async def _load(lane: Lane, library: Library) -> bool:
-    """FUNCTION LOAD the library; False when the server will not (see `_no_function`)."""
+    """FUNCTION LOAD the library; False when the server will not (see `_no_function`). The
+    calls that find it missing meanwhile (every call in flight, after a restart) share one
+    load instead of each sending the library's ~50 KB."""
+    loading = library.loading
+    if loading is None:
+        library.loading = loading = asyncio.ensure_future(_send_library(lane, library))
+        loading.add_done_callback(lambda done: _loaded(library, done))
+    return await asyncio.shield(loading)
+
+
+def _loaded(library: Library, done: asyncio.Future[bool]) -> None:
+    if library.loading is done:
+        library.loading = None
+    if not done.cancelled():
+        done.exception()  # retrieved: its callers may all have been cancelled
+
+
+async def _send_library(lane: Lane, library: Library) -> bool:
     try:
         await lane.call(_pack(("FUNCTION", "LOAD", "REPLACE", library.source)))
     except ResponseError as e:

@@ -21,12 +21,14 @@ class TcpProxy:
         self._server: asyncio.Server | None = None
         self._writers: set[asyncio.StreamWriter] = set()
         self._tasks: set[asyncio.Task[None]] = set()
+        self._stopped = False
 
     @property
     def url(self) -> str:
         return f"redis://127.0.0.1:{self.port}/0"
 
     async def start(self) -> None:
+        self._stopped = False
         self._server = await asyncio.start_server(
             self._accept, "127.0.0.1", self.port, reuse_address=True
         )
@@ -34,6 +36,7 @@ class TcpProxy:
 
     async def stop(self) -> None:
         """Refuse new connections and cut every open one."""
+        self._stopped = True
         if self._server is not None:
             self._server.close()
             await self._server.wait_closed()
@@ -54,8 +57,14 @@ class TcpProxy:
         self._writers.add(writer)
         upstream_writer = None
         try:
+            # A connection accepted just before `stop` whose handler runs after it (or
+            # while it opens its upstream) is cut too, not left forwarding.
+            if self._stopped:
+                return
             up_reader, upstream_writer = await asyncio.open_connection(*self.target)
             self._writers.add(upstream_writer)
+            if self._stopped:
+                return
             await asyncio.gather(self._pipe(reader, upstream_writer), self._pipe(up_reader, writer))
         finally:
             self._tasks.discard(task)

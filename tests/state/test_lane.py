@@ -14,6 +14,7 @@ import redis.asyncio as aioredis
 from gateway.state.base import Lease
 from gateway.state.errors import StateUnavailable
 from gateway.state.redis import RETRY_REDIS_AFTER_S
+from gateway.state.scripts import Lane, _pack
 from tests.redis_server import redis_url
 
 from .conftest import drop_keys, redis_store
@@ -106,3 +107,21 @@ async def test_a_late_reply_fails_the_calls_in_flight_and_the_next_call_reconnec
         await store.close()
         await client.aclose()
         await drop_keys(prefix)
+
+
+async def test_a_call_cancelled_in_the_middle_of_its_write_leaves_the_connection_working():
+    """A command too large for the socket's buffer at once: its caller, cancelled while the
+    write waits (`drain`), gives up its reply, not the connection (redis-py's own write
+    would drop it, and then open another behind the pipe's back)."""
+    lane = Lane(aioredis.ConnectionPool.from_url(redis_url()).make_connection, 8, None, 5.0)
+    try:
+        assert await lane.call(_pack(("PING",))) == b"PONG"
+        big = asyncio.ensure_future(lane.call(_pack(("ECHO", "x" * 8_000_000))))
+        await asyncio.sleep(0)  # written into the buffer, waiting for it to drain
+        assert not big.done()
+        big.cancel()
+        assert await lane.call(_pack(("ECHO", "after"))) == b"after"  # its own reply
+        assert big.cancelled() and lane.open == 1
+    finally:
+        await lane.aclose()
+    assert lane.open == 0
