@@ -625,7 +625,7 @@ class RedisStore:
                 await asyncio.sleep(RETRY_REDIS_AFTER_S)
             finally:
                 with contextlib.suppress(*REDIS_ERRORS):
-                    await pubsub.aclose()  # type: ignore[no-untyped-call]
+                    await pubsub.aclose()  # type: ignore[no-untyped-call,unused-ignore]  # typed in newer redis-py
 
     def _notify(self) -> None:
         """Capacity may have changed: wake the waiters not behind anyone."""
