@@ -24,7 +24,7 @@ from tests.redis_server import redis_url
 
 from .conftest import assert_clean, drop_keys, redis_store
 from .tcp_proxy import TcpProxy
-from .test_conformance import ask, spec
+from .test_conformance import ask, entry, spec
 
 pytestmark = pytest.mark.redis
 
@@ -158,6 +158,61 @@ async def test_fresh_ttls_are_left_alone_and_shared_ttls_stay_equal(replicas, pr
         present = [t for t in expiries if t > 0]  # -2: no such key (acta: nobody idle)
         assert len(present) >= 3 and max(present) - min(present) <= 2, expiries
         assert await store.release(held) is True
+    finally:
+        await client.aclose()
+
+
+async def test_between_full_touches_a_call_reads_only_the_ttls_of_keys_it_may_have_made(
+    replicas, prefix
+):
+    """While the TTL clock lives, a call reads the TTLs of the keys it wrote new fields or
+    members to, not all 16 (the code before: 16 PTTLs per call, 32 per admit and release);
+    and a key made anew meanwhile still gets its TTL, the records' keys one TTL between
+    them."""
+    store = replicas("replica-a")
+    client = aioredis.from_url(redis_url())
+    clock = f"{{{prefix}}}:touch"
+    try:
+
+        async def pttls() -> int:
+            stats = await client.info("commandstats")
+            return int(stats.get("cmdstat_pttl", {}).get("calls", 0))
+
+        held = await store.try_admit(ask(spec("a", blocks=40), blocks=3))
+        assert isinstance(held, Lease)
+        await client.set(clock, "1", px=60_000)  # no full touch in this test's time
+        before = await pttls()
+        for _ in range(5):
+            lease = await store.try_admit(ask(spec("a", blocks=40), blocks=3))
+            assert isinstance(lease, Lease)
+            assert await store.release(lease) is True
+        assert await pttls() - before <= 5 * 4, "more TTLs read than keys written new"
+
+        # The line's keys are made anew by a call that finds the clock alive (the records'
+        # keys there all along): each of them gets its TTL all the same.
+        line = [f"{{{prefix}}}:{name}" for name in ("q", "qent", "qexp", "qtf")]
+        assert await client.exists(*line) == 0
+        waiting = ask(spec("a", blocks=40), blocks=3)
+        assert await store.enqueue(entry(waiting, {"a"}, 3), max_length=10) == "queued"
+        assert await client.pttl(clock) > 0  # the path under test, not a full touch by expiry
+        assert [await client.pttl(key) > 0 for key in line] == [True] * 4
+        await assert_clean(prefix)
+        await store.dequeue(waiting.lease_id)
+
+        # Nothing held: `actr` (the tenants holding blocks) goes, and the next admission
+        # makes it anew under the clock: it takes the TTL of the records' other keys.
+        assert await store.release(held) is True
+        shared = [f"{{{prefix}}}:{name}" for name in ("act", "acts", "actr", "acta")]
+        assert await client.exists(shared[2]) == 0
+        await asyncio.sleep(0.05)  # the others' TTLs now 50 ms short of the key TTL
+        lease = await store.try_admit(ask(spec("a", blocks=40), blocks=3))
+        assert isinstance(lease, Lease)
+        assert await client.pttl(clock) > 0
+        await assert_clean(prefix)
+        expiries = [await client.execute_command("PEXPIRETIME", key) for key in shared]
+        present = [t for t in expiries if t > 0]
+        assert len(present) >= 3 and max(present) - min(present) <= 2, expiries
+        assert await store.release(lease) is True
     finally:
         await client.aclose()
 

@@ -202,8 +202,8 @@ local l = {
   rpm = rpm, tpm = tpm, p = prio, w = weight,
 }
 if chosen.h and #chosen.h > 0 then l.h, l.c = chosen.h, chosen.cr end
-redis.call('HSET', K_LEASES, id, cjson.encode(l))
-redis.call('ZADD', K_LEXP, NOW + lease_ttl, id)
+hset(K_LEASES, id, cjson.encode(l))
+zadd(K_LEXP, NOW + lease_ttl, id)
 local shared = l.h and hold_prefix(l.e, l.h) or 0
 add(K_LOAD, 'b:' .. chosen.name, private(l, l.b) + shared)
 add(K_LOAD, 's:' .. chosen.name, chosen.s)

@@ -37,6 +37,8 @@
 --                   always share one TTL (touch), so they expire together
 --  16 fairh   ZSET  "<prio>:<tenant>" -> when its served tag "f:<prio>:<tenant>" stops
 --                   mattering (F + B / weight: V past it); forgotten then (fairqueue.py)
+--  17 touch   STRING the TTL clock: set by each full `touch` for 1 % of the key TTL; while
+--                   it lives, a call checks the TTLs of only the keys it may have created
 -- ARGV[1] key TTL (s), ARGV[2] change channel; the script's own arguments follow.
 
 -- The standard functions as upvalues, bound by `begin` at each call: a script's globals are
@@ -52,7 +54,7 @@ local tonumber, tostring, pairs, ipairs, unpack, math, string, table, cjson
 -- call (a library's functions share these upvalues; Redis runs one call at a time).
 local K_LEASES, K_LEXP, K_LOAD, K_TEN, K_RATE
 local K_Q, K_QENT, K_QEXP, K_QTF, K_FAIR
-local K_ACT, K_PFX, K_ACTS, K_ACTR, K_ACTA, K_FAIRH
+local K_ACT, K_PFX, K_ACTS, K_ACTR, K_ACTA, K_FAIRH, K_TOUCH
 local ALL_KEYS, KEY_TTL_MS, CHANNEL, NOW, USEC
 -- What this script changed for waiters (published by `finish`): `released` capacity (a
 -- lease ended), the entries that `departed` the line, the entries that `moved` up when an
@@ -65,6 +67,9 @@ local records
 -- admission (its start tag, `hold_v`, the charge's tag, the pruning); a change of the line or
 -- of the class's V drops it (`hold_v` sets what V already is).
 local vnow
+-- The keys this call may have created (key -> true): a write that added a field or a member,
+-- or a counter that now holds just what was added. `finish` gives such a key a TTL.
+local made
 
 local function begin(keys, argv)
   tonumber, tostring, pairs, ipairs, unpack, math, string, table, cjson = standard()
@@ -72,7 +77,7 @@ local function begin(keys, argv)
   K_LEASES, K_LEXP, K_LOAD, K_TEN, K_RATE = keys[1], keys[2], keys[3], keys[4], keys[5]
   K_Q, K_QENT, K_QEXP, K_QTF, K_FAIR = keys[6], keys[7], keys[8], keys[9], keys[10]
   K_ACT, K_PFX, K_ACTS, K_ACTR = keys[11], keys[12], keys[13], keys[14]
-  K_ACTA, K_FAIRH = keys[15], keys[16]
+  K_ACTA, K_FAIRH, K_TOUCH = keys[15], keys[16], keys[17]
   KEY_TTL_MS = math.floor(tonumber(argv[1]) * 1000)
   CHANNEL = argv[2]
   local clock = redis.call('TIME')
@@ -81,6 +86,7 @@ local function begin(keys, argv)
   released, departed, moved = false, {}, {}
   records = {}
   vnow = {}
+  made = {}
 end
 
 local NEWCOMER_SEQ = '9999999999999999'
@@ -103,10 +109,30 @@ local function present(x)
   return x ~= nil and x ~= cjson.null
 end
 
+-- The writes that can create a key, noting in `made` the keys they may have created (a key
+-- they create always shows as a field or member added, or a counter equal to its delta).
+local function hset(key, ...)
+  local n = redis.call('HSET', key, ...)
+  if n > 0 then made[key] = true end
+  return n
+end
+
+local function zadd(key, ...)
+  local n = redis.call('ZADD', key, ...)
+  if n > 0 then made[key] = true end
+  return n
+end
+
+local function hincrby(key, field, delta)
+  local v = redis.call('HINCRBY', key, field, delta)
+  if v == delta then made[key] = true end
+  return v
+end
+
 -- Add to a counter field; a field that reaches 0 is deleted (nothing left behind).
 local function add(key, field, delta)
   if delta == 0 then return end
-  local v = redis.call('HINCRBY', key, field, delta)
+  local v = hincrby(key, field, delta)
   if v == 0 then redis.call('HDEL', key, field) end
 end
 
@@ -123,7 +149,7 @@ local function bucket_set(tenant, kind, limit, level)
   if level >= limit then
     redis.call('HDEL', K_RATE, l, s) -- a missing bucket is a full one
   else
-    redis.call('HSET', K_RATE, l, fmt(level), s, fmt(NOW))
+    hset(K_RATE, l, fmt(level), s, fmt(NOW))
   end
 end
 
@@ -314,17 +340,17 @@ local function settle(tenant, rec)
     add(K_ACTS, 'h', held - old.h)
   end
   if held > 0 then
-    redis.call('ZADD', K_ACTR, fmt(held / rec.w), tenant)
+    zadd(K_ACTR, fmt(held / rec.w), tenant)
   elseif old ~= nil and old.h > 0 then
     redis.call('ZREM', K_ACTR, tenant)
   end
   if held > 0 or queued > 0 then
     redis.call('ZREM', K_ACTA, tenant)
   else
-    redis.call('ZADD', K_ACTA, fmt(rec.s), tenant)
+    zadd(K_ACTA, fmt(rec.s), tenant)
   end
   records[tenant] = nil
-  redis.call('HSET', K_ACT, tenant, cjson.encode({
+  hset(K_ACT, tenant, cjson.encode({
     w = fmt(rec.w), s = fmt(rec.s), u = fmt(rec.u), us = fmt(rec.us), n = fmt(rec.n),
     h = fmt(held),
   }))
@@ -469,7 +495,7 @@ end
 local function hold_prefix(engine, hashes)
   local new = 0
   for _, h in ipairs(hashes) do
-    if redis.call('HINCRBY', K_PFX, engine .. '\0' .. h, 1) == 1 then new = new + 1 end
+    if hincrby(K_PFX, engine .. '\0' .. h, 1) == 1 then new = new + 1 end
   end
   return new
 end
@@ -479,7 +505,7 @@ local function drop_prefix(engine, hashes)
   local freed = 0
   for _, h in ipairs(hashes) do
     local f = engine .. '\0' .. h
-    local left = redis.call('HINCRBY', K_PFX, f, -1)
+    local left = hincrby(K_PFX, f, -1)
     if left <= 0 then
       redis.call('HDEL', K_PFX, f)
       if left == 0 then freed = freed + 1 end
@@ -572,7 +598,7 @@ end
 
 -- Record V before the line changes: whatever joins or leaves, V never goes back.
 local function hold_v(prio)
-  redis.call('HSET', K_FAIR, 'vf:' .. prio, fmt(virtual_now(prio)))
+  hset(K_FAIR, 'vf:' .. prio, fmt(virtual_now(prio)))
 end
 
 -- The start tag for a new charge (recording the V it used).
@@ -589,14 +615,14 @@ end
 -- replica last renewed it, whichever comes first (a dead replica's waiters leave the line).
 local function push(id, tenant, prio, weight, engines, blocks, deadline, owner, lease_ttl, burst)
   local start = tag(tenant, prio, weight, burst)
-  local seq = string.format('%016d', redis.call('HINCRBY', K_FAIR, 'seq', 1))
+  local seq = string.format('%016d', hincrby(K_FAIR, 'seq', 1))
   local m = member(prio, start, seq, id)
   local q = tenant .. '\0' .. m
-  redis.call('ZADD', K_Q, 0, m)
+  zadd(K_Q, 0, m)
   vnow[prio] = nil
-  redis.call('ZADD', K_QTF, 0, q)
-  redis.call('ZADD', K_QEXP, math.min(deadline, NOW + lease_ttl), id)
-  redis.call('HSET', K_QENT, id, cjson.encode({
+  zadd(K_QTF, 0, q)
+  zadd(K_QEXP, math.min(deadline, NOW + lease_ttl), id)
+  hset(K_QENT, id, cjson.encode({
     m = m, q = q, t = tenant, p = prio, b = blocks, e = engines,
     s = fmt(start), f = fmt(start + blocks / weight), r = owner, d = fmt(deadline),
   }))
@@ -631,10 +657,10 @@ local function close_gap(e)
       x.m = member(x.p, start, seq, id)
       x.q = x.t .. '\0' .. x.m
       x.s, x.f = fmt(start), fmt(start + (f - s))
-      redis.call('ZADD', K_Q, 0, x.m)
+      zadd(K_Q, 0, x.m)
       vnow[x.p] = nil
-      redis.call('ZADD', K_QTF, 0, x.q)
-      redis.call('HSET', K_QENT, id, cjson.encode(x))
+      zadd(K_QTF, 0, x.q)
+      hset(K_QENT, id, cjson.encode(x))
     end
   end
 end
@@ -674,9 +700,9 @@ end
 -- it stops mattering.
 local function set_served(tenant, prio, finish, weight, burst)
   local m = prio .. ':' .. tenant
-  redis.call('HSET', K_FAIR, 'f:' .. m, fmt(finish))
+  hset(K_FAIR, 'f:' .. m, fmt(finish))
   if weight and burst then
-    redis.call('ZADD', K_FAIRH, fmt((finish + burst / weight) * (1 + MARGIN) + MARGIN), m)
+    zadd(K_FAIRH, fmt((finish + burst / weight) * (1 + MARGIN) + MARGIN), m)
   else
     redis.call('ZREM', K_FAIRH, m) -- kept until a write that knows them
   end
@@ -685,7 +711,7 @@ end
 
 local function remember(tenant, prio, start, finish, weight, burst)
   local v = 'v:' .. prio
-  redis.call('HSET', K_FAIR, v, fmt(math.max(num(redis.call('HGET', K_FAIR, v)), start)))
+  hset(K_FAIR, v, fmt(math.max(num(redis.call('HGET', K_FAIR, v)), start)))
   vnow[prio] = nil
   local served = redis.call('HGET', K_FAIR, 'f:' .. prio .. ':' .. tenant)
   if not served or finish > tonumber(served) then
@@ -748,19 +774,22 @@ end
 -- their TTLs: they expire together or not at all. A TTL less than 1 % of the key TTL short
 -- of what it should be (1.3 s of 130 s) is left alone: a key is set again about once a
 -- second, not by every call (each PEXPIRE a command of its own inside the script).
+-- A full touch reads all 16 TTLs, so it runs once per 1 % of the key TTL (the clock, key
+-- 17); meanwhile a call reads the TTLs of only the keys it may have created (`made`): every
+-- key then keeps at least the key TTL less 2 %, and none is ever without one.
+local DATA_KEYS = 16
 local SHARED_TTL = {[11] = true, [13] = true, [14] = true, [15] = true}
 
-local function touch(ttl_ms)
-  local slack = math.floor(KEY_TTL_MS / 100)
+local function full_touch(ttl_ms, slack)
   local cur, shared, stale = {}, ttl_ms, false
-  for i = 1, #ALL_KEYS do
+  for i = 1, DATA_KEYS do
     cur[i] = redis.call('PTTL', ALL_KEYS[i])
     if SHARED_TTL[i] and cur[i] > shared then shared = cur[i] end
   end
   for i in pairs(SHARED_TTL) do
     if cur[i] ~= -2 and cur[i] < shared - slack then stale = true end
   end
-  for i = 1, #ALL_KEYS do
+  for i = 1, DATA_KEYS do
     if cur[i] ~= -2 then
       if SHARED_TTL[i] then
         if stale and cur[i] < shared then redis.call('PEXPIRE', ALL_KEYS[i], shared) end
@@ -769,6 +798,38 @@ local function touch(ttl_ms)
       end
     end
   end
+  redis.call('SET', K_TOUCH, '1', 'PX', math.max(1, slack))
+end
+
+-- The keys this call may have created get their TTL; a records' key made anew takes the
+-- TTL the other three have (the key TTL when none has one).
+local function touch_made(ttl_ms)
+  local shared
+  for key in pairs(made) do
+    if redis.call('PTTL', key) == -1 then
+      if key == K_ACT or key == K_ACTS or key == K_ACTR or key == K_ACTA then
+        if shared == nil then
+          shared = 0
+          for i in pairs(SHARED_TTL) do
+            shared = math.max(shared, redis.call('PTTL', ALL_KEYS[i]))
+          end
+          if shared <= 0 then shared = ttl_ms end
+        end
+        redis.call('PEXPIRE', key, shared)
+      else
+        redis.call('PEXPIRE', key, ttl_ms)
+      end
+    end
+  end
+end
+
+-- A TTL longer than the key TTL (a long queue wait) always takes the full touch.
+local function touch(ttl_ms)
+  local slack = math.floor(KEY_TTL_MS / 100)
+  if ttl_ms <= KEY_TTL_MS and redis.call('EXISTS', K_TOUCH) == 1 then
+    return touch_made(ttl_ms)
+  end
+  full_touch(ttl_ms, slack)
 end
 
 -- Change notices are for waiters, and every waiter has an entry in the line: with nobody

@@ -14,7 +14,7 @@ local more = target - l.b
 if more <= 0 then return finish(l.b) end
 local rec = observe(l.t, nil, num(redis.call('HGET', K_TEN, 'k:' .. l.t)), nil) -- before
 l.b = target
-redis.call('HSET', K_LEASES, ARGV[3], cjson.encode(l))
+hset(K_LEASES, ARGV[3], cjson.encode(l))
 add(K_LOAD, 'b:' .. l.e, more)
 add(K_TEN, 'k:' .. l.t, more)
 settle(l.t, rec)

@@ -11,13 +11,13 @@ local entries = tonumber(ARGV[4])
 for i = 5, 4 + entries do renew_entry(ARGV[i], ttl) end
 for i = 5 + entries, #ARGV - 1, 2 do
   local id = ARGV[i]
-  if redis.call('ZADD', K_LEXP, 'XX', 'CH', NOW + ttl, id) == 0
+  if redis.call('ZADD', K_LEXP, 'XX', 'CH', NOW + ttl, id) == 0 -- XX: never creates
       and not redis.call('ZSCORE', K_LEXP, id) then
     local raw = ARGV[i + 1]
     local l = cjson.decode(raw)
     local rec = observe(l.t, nil, num(redis.call('HGET', K_TEN, 'k:' .. l.t)), nil)
-    redis.call('HSET', K_LEASES, id, raw)
-    redis.call('ZADD', K_LEXP, NOW + ttl, id)
+    hset(K_LEASES, id, raw)
+    zadd(K_LEXP, NOW + ttl, id)
     local new = l.h and hold_prefix(l.e, l.h) or 0
     add(K_LOAD, 'b:' .. l.e, private(l, l.b) + new)
     add(K_LOAD, 's:' .. l.e, l.s)
