@@ -97,6 +97,7 @@ KEY_NAMES = (
     "actr",
     "acta",
     "fairh",
+    "actb",
     "touch",
 )
 SCRIPTS = ("admit", "release", "renew", "extend", "enqueue", "dequeue", "inspect")
