@@ -97,7 +97,6 @@ KEY_NAMES = (
     "actr",
     "acta",
     "fairh",
-    "actb",
     "touch",
 )
 SCRIPTS = ("admit", "release", "renew", "extend", "enqueue", "dequeue", "inspect")
