@@ -97,7 +97,7 @@ KEY_NAMES = (
     "actr",
     "acta",
     "fairh",
-    "touch",
+    "touch",  # last: the scripts take the last key as the TTL clock (common.lua `touch`)
 )
 SCRIPTS = ("admit", "release", "renew", "extend", "enqueue", "dequeue", "inspect")
 # Buckets in debt need up to two minutes to fill again; keys must outlive that idle time.

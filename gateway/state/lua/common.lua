@@ -37,8 +37,9 @@
 --                   always share one TTL (touch), so they expire together
 --  16 fairh   ZSET  "<prio>:<tenant>" -> when its served tag "f:<prio>:<tenant>" stops
 --                   mattering (F + B / weight: V past it); forgotten then (fairqueue.py)
---  17 touch   STRING the TTL clock: set by each full `touch` for 1 % of the key TTL; while
---                   it lives, a call checks the TTLs of only the keys it may have created
+--  17 touch   STRING the TTL clock (always the last key): set by each full `touch` for 1 %
+--                   of the key TTL; while it lives, a call checks the TTLs of only the keys it
+--                   may have created
 -- ARGV[1] key TTL (s), ARGV[2] change channel; the script's own arguments follow.
 
 -- The standard functions as upvalues, bound by `begin` at each call: a script's globals are
@@ -77,7 +78,8 @@ local function begin(keys, argv)
   K_LEASES, K_LEXP, K_LOAD, K_TEN, K_RATE = keys[1], keys[2], keys[3], keys[4], keys[5]
   K_Q, K_QENT, K_QEXP, K_QTF, K_FAIR = keys[6], keys[7], keys[8], keys[9], keys[10]
   K_ACT, K_PFX, K_ACTS, K_ACTR = keys[11], keys[12], keys[13], keys[14]
-  K_ACTA, K_FAIRH, K_TOUCH = keys[15], keys[16], keys[17]
+  K_ACTA, K_FAIRH = keys[15], keys[16]
+  K_TOUCH = keys[#keys] -- the TTL clock is the last key (redis.py KEY_NAMES)
   KEY_TTL_MS = math.floor(tonumber(argv[1]) * 1000)
   CHANNEL = argv[2]
   local clock = redis.call('TIME')
@@ -505,7 +507,7 @@ local function drop_prefix(engine, hashes)
   local freed = 0
   for _, h in ipairs(hashes) do
     local f = engine .. '\0' .. h
-    local left = hincrby(K_PFX, f, -1)
+    local left = redis.call('HINCRBY', K_PFX, f, -1) -- a field made here goes at once
     if left <= 0 then
       redis.call('HDEL', K_PFX, f)
       if left == 0 then freed = freed + 1 end
@@ -774,22 +776,29 @@ end
 -- their TTLs: they expire together or not at all. A TTL less than 1 % of the key TTL short
 -- of what it should be (1.3 s of 130 s) is left alone: a key is set again about once a
 -- second, not by every call (each PEXPIRE a command of its own inside the script).
--- A full touch reads all 16 TTLs, so it runs once per 1 % of the key TTL (the clock, key
--- 17); meanwhile a call reads the TTLs of only the keys it may have created (`made`): every
--- key then keeps at least the key TTL less 2 %, and none is ever without one.
-local DATA_KEYS = 16
+-- A full touch reads the TTLs of all the keys but the clock (the last), so it runs once per
+-- 1 % of the key TTL; meanwhile a call reads the TTLs of only the keys it may have created
+-- (`made`): every key then keeps at least the key TTL less 2 %, and none is ever without one.
 local SHARED_TTL = {[11] = true, [13] = true, [14] = true, [15] = true}
+
+local function is_shared(key)
+  for i in pairs(SHARED_TTL) do
+    if ALL_KEYS[i] == key then return true end
+  end
+  return false
+end
 
 local function full_touch(ttl_ms, slack)
   local cur, shared, stale = {}, ttl_ms, false
-  for i = 1, DATA_KEYS do
+  local data = #ALL_KEYS - 1
+  for i = 1, data do
     cur[i] = redis.call('PTTL', ALL_KEYS[i])
     if SHARED_TTL[i] and cur[i] > shared then shared = cur[i] end
   end
   for i in pairs(SHARED_TTL) do
     if cur[i] ~= -2 and cur[i] < shared - slack then stale = true end
   end
-  for i = 1, DATA_KEYS do
+  for i = 1, data do
     if cur[i] ~= -2 then
       if SHARED_TTL[i] then
         if stale and cur[i] < shared then redis.call('PEXPIRE', ALL_KEYS[i], shared) end
@@ -807,7 +816,7 @@ local function touch_made(ttl_ms)
   local shared
   for key in pairs(made) do
     if redis.call('PTTL', key) == -1 then
-      if key == K_ACT or key == K_ACTS or key == K_ACTR or key == K_ACTA then
+      if is_shared(key) then
         if shared == nil then
           shared = 0
           for i in pairs(SHARED_TTL) do
