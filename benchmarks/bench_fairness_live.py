@@ -116,7 +116,14 @@ def workload(rates: dict[str, float], path: Path) -> Path:
 
 @contextlib.contextmanager
 def deployment(
-    workdir: Path, *, blocks: int, state: str, replicas: int, scale: float, sets: Sequence[str]
+    workdir: Path,
+    *,
+    blocks: int,
+    state: str,
+    replicas: int,
+    scale: float,
+    sets: Sequence[str],
+    access_log: bool = False,
 ) -> Iterator[tuple[list[GatewayProcess], dict[str, int]]]:
     """A fresh engine and fresh gateways (and a fresh Redis): every run starts clean.
     Yields the gateways and the pids whose CPU the run reports."""
@@ -135,8 +142,11 @@ def deployment(
     gateways: list[GatewayProcess] = []
     try:
         cfg = gateway_config(engine.url, redis.url if redis else None, sets)
+        logging: dict[str, Any] = (
+            {"log_level": "info", "args": ["--log-format", "json"]} if access_log else {}
+        )
         for _ in range(replicas):
-            gateways.append(GatewayProcess(cfg, workdir, own_group=True).start())
+            gateways.append(GatewayProcess(cfg, workdir, own_group=True, **logging).start())
         pids = {
             "engine": engine.pid or 0,
             **{f"gateway{i}": g.pid or 0 for i, g in enumerate(gateways)},
@@ -236,6 +246,53 @@ def reserved_fraction(report: dict[str, Any], seconds: float, capacity: int) -> 
     return statistics.mean(points) / capacity if points else None
 
 
+def access_records(gateways: Sequence[GatewayProcess], tenant: str) -> list[dict[str, Any]]:
+    """The gateways' access lines (`--log-format json`) of one tenant's requests."""
+    out = []
+    for gw in gateways:
+        for line in gw.log_text().splitlines():
+            if not line.startswith("{"):
+                continue
+            try:
+                rec = json.loads(line)
+            except ValueError:
+                continue
+            if rec.get("logger") == "gateway.access" and rec.get("tenant") == tenant:
+                out.append(rec)
+    return out
+
+
+def breakdown(records: list[dict[str, Any]], skip: float) -> dict[str, Any]:
+    """Where the tenant's time to first byte went, from the gateways' side: `wait` (arrival
+    to a reservation: the gateway's line and admission) and `engine` (reservation to the
+    engine's first byte), p50 / p95 / max over the requests answered after the first
+    `skip` of them (the run's warm-up, as the tool's figures skip it); and the five longest
+    first bytes, split the same way."""
+    ok = [r for r in records if r.get("first_byte_ms") is not None and r.get("wait_ms") is not None]
+    ok.sort(key=lambda r: r["ts"])
+    ok = ok[int(skip * len(ok)) :]
+    waits = [r["wait_ms"] / 1000 for r in ok]
+    engine = [(r["first_byte_ms"] - r["wait_ms"]) / 1000 for r in ok]
+    first = [r["first_byte_ms"] / 1000 for r in ok]
+    worst = sorted(ok, key=lambda r: r["first_byte_ms"], reverse=True)[:5]
+    return {
+        "n": len(ok),
+        **{
+            f"{name}_{q}_s": percentile(xs, q)
+            for name, xs in (("wait", waits), ("engine", engine), ("first_byte", first))
+            for q in (50, 95)
+        },
+        "worst": [
+            {
+                "first_byte_s": r["first_byte_ms"] / 1000,
+                "wait_s": r["wait_ms"] / 1000,
+                "engine_s": (r["first_byte_ms"] - r["wait_ms"]) / 1000,
+            }
+            for r in worst
+        ],
+    }
+
+
 def calibrate(scale: float) -> float:
     """The median time of five requests sent one at a time to an idle gateway."""
     import httpx
@@ -285,6 +342,12 @@ def main(argv: list[str] | None = None) -> int:
         help="measure the service time first and set the rates as fractions of the share",
     )
     p.add_argument("--keep", type=Path, help="keep the load-test tool's reports in this directory")
+    p.add_argument(
+        "--breakdown",
+        action="store_true",
+        help="log the gateways' access lines (JSON) and split the quiet tenant's time to first "
+        "byte into the gateway's wait and the engine's part",
+    )
     args = p.parse_args(argv)
     if args.replicas > 1 and args.state != "redis":
         p.error("several replicas share their state in Redis: --state redis")
@@ -323,17 +386,23 @@ def main(argv: list[str] | None = None) -> int:
                 replicas=args.replicas,
                 scale=args.scale,
                 sets=args.sets,
+                access_log=args.breakdown,
             ) as (gws, pids):
                 cpu_before = {k: cpu_seconds(p) or 0.0 for k, p in pids.items()}
                 t0 = time.monotonic()
                 report = run_load(gws, rates, args.seconds, args.seed, Path(tmp) / f"{name}.json")
                 wall = time.monotonic() - t0
                 cpu = {k: ((cpu_seconds(p) or 0.0) - cpu_before[k]) / wall for k, p in pids.items()}
+            split = breakdown(access_records(gws, "quiet"), 0.1) if args.breakdown else None
             if args.keep is not None:
                 args.keep.mkdir(parents=True, exist_ok=True)
                 (args.keep / f"{args.scenario}-{name.replace(' ', '-')}.json").write_text(
                     json.dumps(report)
                 )
+                if args.breakdown:  # every tenant's access lines, for a timeline
+                    lines = [r for t in rates for r in access_records(gws, t)]
+                    stem = f"{args.scenario}-{name.replace(' ', '-')}"
+                    (args.keep / f"{stem}-access.json").write_text(json.dumps(lines))
             figures = {t: tenant_figures(report, t, args.seconds) for t in rates}
             capacity = int((blocks - 1) * 0.95)
             figures["reserved_fraction"] = reserved_fraction(report, args.seconds, capacity)  # type: ignore[assignment]
@@ -348,6 +417,17 @@ def main(argv: list[str] | None = None) -> int:
                     f"e2e p50 {f['e2e_p50_s']:.3f} s  ok/s {f['ok_per_s']:.2f}"
                 )
             print("    cpu (cores): " + ", ".join(f"{k} {v:.2f}" for k, v in cpu.items()))
+            if split is not None and split["n"]:
+                figures["quiet_breakdown"] = split  # type: ignore[assignment]
+                print(
+                    f"    quiet, gateway side ({split['n']} answered): wait (line + admission) "
+                    f"p50 {split['wait_50_s']:.3f} p95 {split['wait_95_s']:.3f} s; engine to "
+                    f"first byte p50 {split['engine_50_s']:.3f} p95 {split['engine_95_s']:.3f} s"
+                )
+                print(
+                    "    five longest first bytes (wait + engine): "
+                    + ", ".join(f"{w['wait_s']:.3f}+{w['engine_s']:.3f}" for w in split["worst"])
+                )
             if figures["reserved_fraction"] is not None:
                 print(f"    engine reserved on average: {figures['reserved_fraction']:.1%}")
     quiet_runs = [n for n in runs if "quiet" in runs[n]]
