@@ -225,8 +225,10 @@ class AdmissionConfig(_Strict):
     # more only while this fraction of the engine stays free, so a tenant under its share
     # finds room at once; 0 turns the rule off. A lone tenant is never limited.
     share_headroom: float = Field(default=0.2, ge=0, lt=1)
-    # A tenant counts as active while it holds or queues, and this long after.
-    active_window_s: float = Field(default=10.0, gt=0)
+    # A tenant counts as active while it holds or queues, and this long after (its unused
+    # share is kept from tenants above theirs meanwhile: longer protects tenants that send a
+    # request every few seconds, shorter hands an idle tenant's share to the others sooner).
+    active_window_s: float = Field(default=30.0, gt=0)
 
 
 class PrefixCacheConfig(_Strict):

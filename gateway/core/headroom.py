@@ -22,6 +22,15 @@ measured"). Headroom closes it by keeping some capacity free for tenants under t
   share gets up to its share at once, as it would on a static partition of the engines cut
   to its weight — a fixed headroom smaller than its next request (20 % of 242 blocks = 48,
   against requests of 58) could not promise that (docs/state.md, "Fairness, end to end").
+- A *burst claim* (issue 18): a tenant holding blocks whose recent usage leaves room for one
+  more request the size of its last within its share claims that request's blocks, and
+  the pool keeps `max(unused share, claim)` for it. Only a holder near its share has a
+  claim beyond its unused share (two 58-block requests under a share of 121: 58 claimed,
+  5 unused); an admission within its tenant's share by a tenant already holding and no
+  claimant itself (its usage with this request above its share) keeps such claims free
+  whole (the unused part alone could be gone to it), so a flooder at its share waits
+  while a quiet tenant with two requests running may start a third at once, instead of
+  waiting for one of the four running to end.
 - The waiting line has the same rule for its length: a tenant holding more than its
   weighted share of `max_length` entries (among the active tenants) may not take the line's
   last `headroom` × `max_length` places, so a flooder filling the line leaves room for the
@@ -42,8 +51,17 @@ from dataclasses import dataclass
 HEADROOM = 0.2
 """The default headroom, a fraction of each engine's capacity (0 turns the rule off)."""
 
-ACTIVE_WINDOW_S = 10.0
-"""The default time a tenant stays active after its last admission or enqueue."""
+ACTIVE_WINDOW_S = 30.0
+"""The default time a tenant stays active after its last admission or enqueue. Long enough
+that a tenant sending a request every few service times stays active between them: one
+that goes inactive in a gap finds the others holding its share when it comes back, and
+waits for one of their requests to end (issue 18: at 10 s, with 2.5 s requests every 4 s on
+average, that was 8 % of the quiet tenant's requests and most of its p95 under a flood)."""
+
+CLAIM_VISITS = 16
+"""The most other holders whose burst claims one decision counts (the lowest claim keys
+first; `burst_claim`): what a decision costs stays bounded whatever the tenants. Claims
+beyond them are not kept free (the rule then errs towards using the capacity)."""
 
 
 def check_headroom(headroom: float, active_window_s: float) -> None:
@@ -65,6 +83,8 @@ class Activity:
     """Its recent usage: the blocks it held, averaged with weight `exp(−age / window)`."""
     stamp: float = 0.0
     """When `average` was last brought up to date (the held blocks were constant since)."""
+    need: int = 0
+    """The blocks of its last request (admitted or queued): the size of its burst claim."""
 
 
 def average_at(activity: Activity | None, *, held: int, now: float, window: float) -> float:
@@ -85,14 +105,17 @@ def observe(
     held: int,
     now: float,
     window: float,
+    need: int | None = None,
 ) -> Activity:
     """The record just before the tenant's held blocks change from `held`; `weight` is given
-    when the tenant is seen (admitted or queued), None for a release."""
+    when the tenant is seen (admitted or queued), None for a release; `need`: the blocks of
+    the request it is seen with (None: the last one's, kept)."""
     average = average_at(activity, held=held, now=now, window=window)
+    last = need if need is not None else (activity.need if activity is not None else 0)
     if weight is not None:
-        return Activity(weight, now, average, now)
+        return Activity(weight, now, average, now, last)
     assert activity is not None
-    return Activity(activity.weight, activity.last_seen, average, now)
+    return Activity(activity.weight, activity.last_seen, average, now, last)
 
 
 def is_active(activity: Activity, *, held: int, queued: int, now: float, window: float) -> bool:
@@ -133,6 +156,24 @@ def unused_share(*, held: int, weight: float, total: float, capacity: int) -> fl
     return max(0.0, weight * capacity / total - held)
 
 
+def burst_claim(
+    *, held: int, average: float, need: int, weight: float, total: float, capacity: int
+) -> tuple[float, float]:
+    """A tenant's *burst claim* and what it adds to its unused share, `(claim, excess)`,
+    both 0 unless the excess is positive: a tenant holding blocks whose recent usage (now)
+    leaves room for one more request the size of its last (`need`) within its share
+    `weight / total × capacity` claims that request's blocks, and the pool keeps free
+    `max(unused share, claim)` for it. The excess is positive only for a holder near its
+    share (two 58-block requests under a share of 121: the claim 58, the unused share 5,
+    the excess 53); a tenant holding nothing has its whole share unused, at least its
+    claim. The condition compared without dividing, as `over_share`."""
+    if held <= 0 or need <= 0 or (average + need) * total > weight * capacity:
+        return 0.0, 0.0
+    unused = unused_share(held=held, weight=weight, total=total, capacity=capacity)
+    excess = max(0.0, need - unused)
+    return (float(need), excess) if excess > 0 else (0.0, 0.0)
+
+
 def allows(
     *,
     held: int,
@@ -146,6 +187,8 @@ def allows(
     headroom: float,
     pool_free_after: int | None = None,
     others_unused: float = 0.0,
+    others_excess: float = 0.0,
+    others_claims: float = 0.0,
 ) -> bool:
     """Whether an admission of `need` blocks on one engine passes the headroom rule.
 
@@ -154,16 +197,26 @@ def allows(
     engines; `free_after`: the engine's free blocks after this admission;
     `engine_capacity`: that engine's capacity; `pool_free_after`: the free blocks of all
     candidate engines after it (default: `free_after`, one engine); `others_unused`: the
-    sum of the other active tenants' `unused_share`s of the pool."""
+    sum of the other active tenants' `unused_share`s of the pool; `others_excess`,
+    `others_claims`: the sums of their `burst_claim`s' excesses and claims.
+
+    Within its share, a tenant already holding blocks whose recent usage with this request
+    is above its share (it is no claimant itself) keeps the others' claims free (those with
+    an excess: a holder near its share): its request waits while such a tenant might
+    burst. Claimants do not hold each other back (two would otherwise each keep the last
+    free blocks from the other). Above
+    its share, the headroom and the others' unused shares with their claims. A tenant's
+    first request is never held back."""
     if headroom <= 0 or others <= 0:
         return True
     total = weight + others
+    pool_free = free_after if pool_free_after is None else pool_free_after
     if not over_share(
         held=held, need=need, average=average, weight=weight, total=total, capacity=pool_capacity
     ):
-        return True
-    pool_free = free_after if pool_free_after is None else pool_free_after
-    return free_after >= headroom * engine_capacity and pool_free >= others_unused
+        claimant = (average + need) * total <= weight * pool_capacity
+        return held == 0 or claimant or pool_free >= others_claims
+    return free_after >= headroom * engine_capacity and pool_free - others_excess >= others_unused
 
 
 def line_allows(

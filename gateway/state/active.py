@@ -7,8 +7,11 @@ is found inactive (nothing held, nothing queued, not seen within the window) at 
 Kept for them: the sum of their weights (exact: a float sum in one order or another
 differs in the last bit; this is the correctly rounded sum, whatever the order), the sum of
 their held blocks, the holders ordered by held blocks per weight (those above a given
-share are the first few from the top), and a heap of when each unpinned tenant was last
-seen (the next to age out is the first). tests/state/test_scale.py checks that the work
+share are the first few from the top), the holders with a last request ordered by
+`(min(average, held) + last need) / weight` (a bound below the same with the average now,
+which lies between the two: those whose burst claim may hold at a given share are the first
+few from the bottom), and a heap of when each unpinned tenant was last seen (the next to age
+out is the first). tests/state/test_scale.py checks that the work
 per decision does not grow with the tenants.
 """
 
@@ -53,7 +56,7 @@ class Unused:
     exact: Callable[[], float]
     _exact: float | None = None
 
-    def against(self, pool_free_after: int) -> float:
+    def against(self, pool_free_after: float) -> float:
         """A value that compares with `pool_free_after` as the per-tenant sum does."""
         if abs(pool_free_after - self.approx) > self.slack:
             return self.approx
@@ -70,6 +73,8 @@ class ActiveTenants:
         self._weights = 0  # the sum of the scaled weights
         self._held = 0
         self._ratios: Any = SortedList()  # (held / weight, name) of holders
+        self._claims: Any = SortedList()  # (claim key, name) of holders with a last need
+        self._claim_key: dict[str, float] = {}
         self._aging: list[tuple[float, str]] = []  # heap of (last seen, name), unpinned
         self._aging_at: dict[str, float] = {}  # name → its last seen in the heap
         self._pinned: set[str] = set()  # holding blocks or queued
@@ -102,6 +107,10 @@ class ActiveTenants:
         self._held += held
         if held > 0:
             self._ratios.add((held / record.weight, name))
+            if record.need > 0:
+                key = (min(record.average, held) + record.need) / record.weight
+                self._claim_key[name] = key
+                self._claims.add((key, name))
         if not pinned and self._aging_at.get(name) != record.last_seen:
             self._aging_at[name] = record.last_seen
             heapq.heappush(self._aging, (record.last_seen, name))
@@ -157,6 +166,40 @@ class ActiveTenants:
 
         return Unused(max(0.0, approx), slack, exact)
 
+    def claims(
+        self, name: str, *, pool: int, total: float, limit: float, now: float
+    ) -> tuple[float, float]:
+        """The other holders' `headroom.burst_claim`s of `pool` at `now` summed, `(excess,
+        claims)`, in the order of their claim keys (then names), stopping once the excess is
+        above `limit` (the pool's free blocks: the rule's answer is then known, the claims
+        being at least the excess). Visits only the holders whose claim may hold at this
+        share (key ≤ pool / total), and at most `headroom.CLAIM_VISITS` of them, not every
+        tenant."""
+        bound = pool / total * (1 + 1e-9)
+        excess = claims = 0.0
+        visits = 0
+        for key, other in self._claims:
+            if key > bound or visits == room.CLAIM_VISITS:
+                break
+            if other == name:
+                continue
+            visits += 1
+            weight, held, _ = self._tracked[other]
+            record = self._records[other]
+            claim, more = room.burst_claim(
+                held=held,
+                average=room.average_at(record, held=held, now=now, window=self.window),
+                need=record.need,
+                weight=weight,
+                total=total,
+                capacity=pool,
+            )
+            excess += more
+            claims += claim
+            if excess > limit:
+                break
+        return excess, claims
+
     def _untrack(self, name: str) -> None:
         counted = self._tracked.pop(name, None)
         if counted is None:
@@ -166,3 +209,6 @@ class ActiveTenants:
         self._held -= held
         if held > 0:
             self._ratios.remove((held / weight, name))
+        key = self._claim_key.pop(name, None)
+        if key is not None:
+            self._claims.remove((key, name))

@@ -59,6 +59,8 @@ class _Headroom:
     need: int  # the ask's largest footprint among its candidates
     mine: float  # the ask's tenant's recent usage
     pool_free: int = 0  # free blocks of all candidates now
+    excess: float = 0.0  # the other holders' burst claims beyond their unused shares
+    claims: float = 0.0  # those claims whole (headroom.py burst_claim)
 
     def allows(self, c: Candidate) -> bool:
         capacity = c.view.spec.capacity_blocks(self.ask.kv_ceiling)
@@ -73,7 +75,9 @@ class _Headroom:
             engine_capacity=capacity,
             headroom=self.store.headroom,
             pool_free_after=self.pool_free - c.need.blocks,
-            others_unused=self.unused.against(self.pool_free - c.need.blocks),
+            others_unused=self.unused.against(self.pool_free - c.need.blocks - self.excess),
+            others_excess=self.excess,
+            others_claims=self.claims,
         )
 
     def passable(self, e: Waiting) -> bool:
@@ -176,7 +180,11 @@ class InMemoryStore:
         ]
         if rule is not None:
             free = sum(max(0, c.view.free_blocks(ask.kv_ceiling)) for c in views)
-            rule = replace(rule, pool_free=free)
+            total = ask.tenant.weight + rule.others
+            excess, claims = self._activity.claims(
+                policy.name, pool=rule.pool, total=total, limit=free, now=now
+            )
+            rule = replace(rule, pool_free=free, excess=excess, claims=claims)
             views = [c for c in views if rule.allows(c)]
         chosen = self._router.pick(views, ask.kv_ceiling, self._chooser)
         if chosen is None:
@@ -208,7 +216,12 @@ class InMemoryStore:
         seen = self._activity.get(policy.name)
         if self.headroom > 0:
             seen = room.observe(
-                seen, weight=policy.weight, held=usage.blocks, now=now, window=self._active_window_s
+                seen,
+                weight=policy.weight,
+                held=usage.blocks,
+                now=now,
+                window=self._active_window_s,
+                need=chosen.need.blocks,
             )
         shared = self._holds.hold(lease.engine, lease.prefix)
         self._add(
@@ -316,6 +329,7 @@ class InMemoryStore:
                 held=self.tenant_blocks(name),
                 now=now,
                 window=self._active_window_s,
+                need=entry.blocks,
             )
         self._changed_tenant(name, seen)
         return "queued"

@@ -97,6 +97,7 @@ KEY_NAMES = (
     "actr",
     "acta",
     "fairh",
+    "actb",
     "touch",  # last: the scripts take the last key as the TTL clock (common.lua `touch`)
 )
 SCRIPTS = ("admit", "release", "renew", "extend", "enqueue", "dequeue", "inspect")

@@ -57,6 +57,8 @@ class _Headroom:
     now: float
     others_unused: float  # what the other active tenants lack of their shares of the pool
     pool_free: int = 0  # free blocks of all candidates now
+    excess: float = 0.0  # the other holders' burst claims beyond their unused shares
+    claims: float = 0.0  # those claims whole
 
     def allows(self, c: Candidate) -> bool:
         capacity = c.view.spec.capacity_blocks(self.ask.kv_ceiling)
@@ -72,7 +74,44 @@ class _Headroom:
             headroom=self.store.headroom,
             pool_free_after=self.pool_free - c.need.blocks,
             others_unused=self.others_unused,
+            others_excess=self.excess,
+            others_claims=self.claims,
         )
+
+    def claims_excess(self, limit: float) -> tuple[float, float]:
+        """Every active tenant visited (the reference's way): the other holders' burst
+        claims, (excess, claims), summed in the order of their claim keys, then names,
+        the first `CLAIM_VISITS` at most, stopping once the excess is above `limit`
+        (issue 18)."""
+        total = self.ask.tenant.weight + self.others
+        keyed = []
+        for name in self.weights:
+            record = self.store._activity.get(name)
+            held = self.store.tenant_blocks(name)
+            if name == self.ask.tenant.name or record is None or held <= 0 or record.need <= 0:
+                continue
+            low = min(record.average, held)
+            keyed.append(((low + record.need) / record.weight, name, record, held))
+        excess = claims = 0.0
+        in_order = sorted(keyed, key=lambda k: (k[0], k[1]))
+        for key, _, record, held in in_order[: room.CLAIM_VISITS]:
+            if key > self.pool / total * (1 + 1e-9):
+                break
+            claim, more = room.burst_claim(
+                held=held,
+                average=room.average_at(
+                    record, held=held, now=self.now, window=self.store._active_window_s
+                ),
+                need=record.need,
+                weight=record.weight,
+                total=total,
+                capacity=self.pool,
+            )
+            excess += more
+            claims += claim
+            if excess > limit:
+                break
+        return excess, claims
 
     def passable(self, e: Waiting) -> bool:
         """A queued entry this ask may pass: the ask stays within its share, and the entry
@@ -162,7 +201,8 @@ class InMemoryStore:
         ]
         if rule is not None:
             free = sum(max(0, c.view.free_blocks(ask.kv_ceiling)) for c in views)
-            rule = replace(rule, pool_free=free)
+            excess, claims = rule.claims_excess(free)
+            rule = replace(rule, pool_free=free, excess=excess, claims=claims)
             views = [c for c in views if rule.allows(c)]
         chosen = self._router.pick(views, ask.kv_ceiling, self._chooser)
         if chosen is None:
@@ -198,6 +238,7 @@ class InMemoryStore:
                 held=usage.blocks,
                 now=now,
                 window=self._active_window_s,
+                need=chosen.need.blocks,
             )
         shared = self._holds.hold(lease.engine, lease.prefix)
         self._add(
@@ -302,6 +343,7 @@ class InMemoryStore:
                 held=self.tenant_blocks(name),
                 now=now,
                 window=self._active_window_s,
+                need=entry.blocks,
             )
         return "queued"
 

@@ -4,10 +4,13 @@ blocks exactly as the per-tenant sum of `headroom.unused_share` (the rule before
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gateway.core import headroom as room
+from gateway.state import redis as lua
 from gateway.state.active import ActiveTenants
 
 tenant = st.tuples(st.sampled_from((0.25, 0.5, 1.0, 1.5, 3.0, 0.1, 0.7)), st.integers(0, 60))
@@ -47,3 +50,27 @@ def test_a_sum_on_a_whole_number_is_decided_term_by_term() -> None:
     assert (unused.against(100) <= 100) == (want <= 100)
     unused = active.unused("me", pool=100, total=3.0)
     assert unused.against(100) == reference([(1.0, 0)] * 3, -1, 3.0, 100)
+
+
+def test_a_decision_counts_at_most_claim_visits_burst_claims() -> None:
+    """Twenty holders each claim one more request of 30 beyond their unused shares (held 60
+    of a share of 75, recent usage 0): a decision counts the first `CLAIM_VISITS` of them,
+    the lowest claim keys first, whatever the others (issue 14: bounded per decision)."""
+    active = ActiveTenants(10.0)
+    names = [f"t{i:02d}" for i in range(20)]
+    for name in names:
+        active.set(name, room.Activity(1.0, 0.0, 0.0, 0.0, need=30), held=60, queued=0)
+    active.set("me", room.Activity(1.0, 0.0), held=0, queued=0)
+    pool, total = 75 * 21, 21.0
+    claim, excess = room.burst_claim(
+        held=60, average=0.0, need=30, weight=1.0, total=total, capacity=pool
+    )
+    assert (claim, excess) == (30.0, 15.0)
+    got = active.claims("me", pool=pool, total=total, limit=10**9, now=0.0)
+    assert got == (room.CLAIM_VISITS * excess, room.CLAIM_VISITS * claim)
+    assert len(names) > room.CLAIM_VISITS
+
+
+def test_the_lua_scripts_visit_as_many_claims_as_the_core() -> None:
+    source = (Path(lua.__file__).parent / "lua" / "common.lua").read_text()
+    assert f"local CLAIM_VISITS = {room.CLAIM_VISITS}\n" in source

@@ -61,6 +61,40 @@ async def test_a_tenant_usually_within_its_share_may_burst_past_it(store_with):
     await release_all(store, held)
 
 
+async def test_a_tenant_near_its_share_keeps_room_for_one_more_of_its_requests(store_with):
+    """The burst claim (issue 18). Noisy held 60 for a while (recent usage ~57), then 10.
+    Quiet holds 45 of its 50 in three requests of 15 with a recent usage far below that, so
+    it claims one more 15: 10 beyond its unused share of 5. Noisy, within its share but
+    usually above it, must leave the whole claim free: its 40 (to 50, its share) and its 35
+    wait, its 30 leaves 15 and goes, and quiet's next 15 fits at once."""
+    store = store_with(headroom=0.2, active_window_s=0.5)
+    a = spec("a", blocks=101, seqs=100)
+    big = await admit(store, a, NOISY, 50)
+    held = [await admit(store, a, NOISY, 10)]
+    await asyncio.sleep(1.5)
+    await store.release(big)
+    held += [await admit(store, a, QUIET, 15) for _ in range(3)]
+    assert await store.try_admit(tenant_ask(a, NOISY, blocks=40)) == Refusal("no_capacity")
+    assert await store.try_admit(tenant_ask(a, NOISY, blocks=35)) == Refusal("no_capacity")
+    held.append(await admit(store, a, NOISY, 30))
+    held.append(await admit(store, a, QUIET, 15))  # the room its claim kept
+    await release_all(store, held)
+
+
+async def test_a_tenant_that_usually_holds_its_share_claims_no_burst(store_with):
+    """The same, but quiet has held its 45 for a while: one more 15 would take its recent
+    usage past its share, so it claims nothing and noisy's 40 goes."""
+    store = store_with(headroom=0.2, active_window_s=0.5)
+    a = spec("a", blocks=101, seqs=100)
+    held = [await admit(store, a, QUIET, 15) for _ in range(3)]
+    big = await admit(store, a, NOISY, 45)
+    held.append(await admit(store, a, NOISY, 10))
+    await asyncio.sleep(1.5)
+    await store.release(big)
+    held.append(await admit(store, a, NOISY, 40))
+    await release_all(store, held)
+
+
 async def test_a_tenant_that_stopped_is_no_longer_active(store_with):
     store = store_with(headroom=0.2, active_window_s=0.05)
     a = spec("a", blocks=101, seqs=100)

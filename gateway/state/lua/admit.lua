@@ -158,9 +158,17 @@ for _, c in ipairs(within) do
   local free = c.cap - c.res_b - c.for_b
   local running = c.res_s + c.for_s
   local room = c.healthy and c.b <= free and c.s <= c.max_seqs - running
-  if room and rule and over_share(held, c.b, rule.mine, weight, rule.total, pool) then
-    room = free - c.b >= headroom * c.cap
-      and pool_free - c.b >= unused_against(rule.unused, pool_free - c.b)
+  if room and rule then
+    if rule.excess == nil then
+      rule.excess, rule.claims = claims_of(tenant, pool, rule.total, pool_free, window)
+    end
+    local after = pool_free - c.b
+    if over_share(held, c.b, rule.mine, weight, rule.total, pool) then
+      room = free - c.b >= headroom * c.cap
+        and after - rule.excess >= unused_against(rule.unused, after - rule.excess)
+    elseif held > 0 and (rule.mine + c.b) * rule.total > weight * pool then
+      room = after >= rule.claims -- the others' burst claims (headroom.py allows)
+    end
   end
   if room then
     for i = 1, nscore do
@@ -208,7 +216,7 @@ local shared = l.h and hold_prefix(l.e, l.h) or 0
 add(K_LOAD, 'b:' .. chosen.name, private(l, l.b) + shared)
 add(K_LOAD, 's:' .. chosen.name, chosen.s)
 add(K_LOAD, 'p:' .. chosen.name, private(l, l.pb) + shared)
-local rec = headroom > 0 and observe(tenant, weight, held, window) or nil
+local rec = headroom > 0 and observe(tenant, weight, held, window, chosen.b) or nil
 add(K_TEN, 'n:' .. tenant, 1)
 add(K_TEN, 'k:' .. tenant, chosen.b)
 if rpm then bucket_set(tenant, 'r', rpm, rpm_level - 1) end

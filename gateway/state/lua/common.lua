@@ -20,7 +20,8 @@
 --                   of the line (V never goes back), "f:<prio>:<tenant>" served finish tag,
 --                   "seq" arrival counter
 --  11 act     HASH  tenant -> json {w weight, s last seen, u recent usage, us its stamp,
---                   n window s, h held blocks as counted in acts} (all strings, %.17g):
+--                   n window s, h held blocks as counted in acts, b its last request's
+--                   blocks} (all strings, %.17g):
 --                   the headroom rule's memory, one record per active tenant
 --  12 pfx     HASH  "<engine>\0<block hash hex>" -> live leases holding that prefix block
 --                   on that engine (gateway/core/prefix.py PrefixHolds); a lease's json
@@ -33,11 +34,15 @@
 --  14 actr    ZSET  tenant -> held / weight, for the tenants holding blocks (those above a
 --                   share are the first few from the top)
 --  15 acta    ZSET  tenant -> last seen, for the tenants holding nothing and not queued
---                   (the next to age out of the window first); act, acts, actr and acta
---                   always share one TTL (touch), so they expire together
+--                   (the next to age out of the window first); act, acts, actr, acta and
+--                   actb always share one TTL (touch), so they expire together
 --  16 fairh   ZSET  "<prio>:<tenant>" -> when its served tag "f:<prio>:<tenant>" stops
 --                   mattering (F + B / weight: V past it); forgotten then (fairqueue.py)
---  17 touch   STRING the TTL clock (always the last key): set by each full `touch` for 1 %
+--  17 actb    ZSET  tenant -> (min(u, h) + b) / w (below the same with its usage now), for
+--                   the tenants holding blocks whose record has b: the burst claims
+--                   (headroom.py burst_claim) that may hold at a share are the first few
+--                   from the bottom; in the records' TTL group
+--  18 touch   STRING the TTL clock (always the last key): set by each full `touch` for 1 %
 --                   of the key TTL; while it lives, a call checks the TTLs of only the keys it
 --                   may have created
 -- ARGV[1] key TTL (s), ARGV[2] change channel; the script's own arguments follow.
@@ -55,7 +60,7 @@ local tonumber, tostring, pairs, ipairs, unpack, math, string, table, cjson
 -- call (a library's functions share these upvalues; Redis runs one call at a time).
 local K_LEASES, K_LEXP, K_LOAD, K_TEN, K_RATE
 local K_Q, K_QENT, K_QEXP, K_QTF, K_FAIR
-local K_ACT, K_PFX, K_ACTS, K_ACTR, K_ACTA, K_FAIRH, K_TOUCH
+local K_ACT, K_PFX, K_ACTS, K_ACTR, K_ACTA, K_FAIRH, K_ACTB, K_TOUCH
 local ALL_KEYS, KEY_TTL_MS, CHANNEL, NOW, USEC
 -- What this script changed for waiters (published by `finish`): `released` capacity (a
 -- lease ended), the entries that `departed` the line, the entries that `moved` up when an
@@ -78,7 +83,7 @@ local function begin(keys, argv)
   K_LEASES, K_LEXP, K_LOAD, K_TEN, K_RATE = keys[1], keys[2], keys[3], keys[4], keys[5]
   K_Q, K_QENT, K_QEXP, K_QTF, K_FAIR = keys[6], keys[7], keys[8], keys[9], keys[10]
   K_ACT, K_PFX, K_ACTS, K_ACTR = keys[11], keys[12], keys[13], keys[14]
-  K_ACTA, K_FAIRH = keys[15], keys[16]
+  K_ACTA, K_FAIRH, K_ACTB = keys[15], keys[16], keys[17]
   K_TOUCH = keys[#keys] -- the TTL clock is the last key (redis.py KEY_NAMES)
   KEY_TTL_MS = math.floor(tonumber(argv[1]) * 1000)
   CHANNEL = argv[2]
@@ -166,7 +171,7 @@ end
 local function decoded(raw)
   local a = cjson.decode(raw)
   return {w = tonumber(a.w), s = tonumber(a.s), u = tonumber(a.u), us = tonumber(a.us),
-          n = tonumber(a.n), h = tonumber(a.h) or 0, stale = a.h == nil}
+          n = tonumber(a.n), h = tonumber(a.h) or 0, b = tonumber(a.b) or 0, stale = a.h == nil}
 end
 
 local function activity(tenant)
@@ -191,13 +196,15 @@ local function average_at(a, held, window)
 end
 
 -- The record just before the tenant's held blocks change from `held`; `weight` when the
--- tenant is seen (admitted or queued), nil for a release (which needs a record). Not
--- written: `settle` writes it once the blocks or entries changed.
-local function observe(tenant, weight, held, window)
+-- tenant is seen (admitted or queued), nil for a release (which needs a record); `need`
+-- the blocks of the request it is seen with (nil: the last one's, kept). Not written:
+-- `settle` writes it once the blocks or entries changed.
+local function observe(tenant, weight, held, window, need)
   local a = activity(tenant)
   if weight == nil and a == nil then return nil end
   if window == nil then window = a.n end
-  local rec = {u = average_at(a, held, window), us = NOW, n = window, h = a and a.h or 0}
+  local rec = {u = average_at(a, held, window), us = NOW, n = window, h = a and a.h or 0,
+               b = need or (a and a.b or 0)}
   if weight ~= nil then
     rec.w, rec.s = weight, NOW
   else
@@ -351,10 +358,16 @@ local function settle(tenant, rec)
   else
     zadd(K_ACTA, fmt(rec.s), tenant)
   end
+  local b = rec.b or 0
+  if held > 0 and b > 0 then
+    zadd(K_ACTB, fmt((math.min(rec.u, held) + b) / rec.w), tenant)
+  elseif old ~= nil then
+    redis.call('ZREM', K_ACTB, tenant)
+  end
   records[tenant] = nil
   hset(K_ACT, tenant, cjson.encode({
     w = fmt(rec.w), s = fmt(rec.s), u = fmt(rec.u), us = fmt(rec.us), n = fmt(rec.n),
-    h = fmt(held),
+    h = fmt(held), b = fmt(b),
   }))
 end
 
@@ -364,6 +377,7 @@ local function forget(tenant, a)
   add(K_ACTS, 'h', -a.h)
   redis.call('ZREM', K_ACTR, tenant)
   redis.call('ZREM', K_ACTA, tenant)
+  redis.call('ZREM', K_ACTB, tenant)
   redis.call('HDEL', K_ACT, tenant)
   records[tenant] = false
 end
@@ -371,7 +385,7 @@ end
 -- The aggregates again from the records, when they do not count them all (keys of an
 -- older version, or lost): once, tenant by tenant.
 local function rebuild()
-  redis.call('DEL', K_ACTS, K_ACTR, K_ACTA)
+  redis.call('DEL', K_ACTS, K_ACTR, K_ACTA, K_ACTB)
   local flat = redis.call('HGETALL', K_ACT)
   redis.call('DEL', K_ACT)
   records = {}
@@ -476,6 +490,42 @@ end
 local function over_share(held, need, average, weight, total, capacity)
   local share = weight * capacity
   return held > 0 and (held + need) * total > share and (average + need) * total > share
+end
+
+-- A holder's burst claim and its excess over its unused share, both 0 unless the excess is
+-- positive (headroom.py burst_claim).
+local function burst_claim(held, average, need, weight, total, capacity)
+  if held <= 0 or need <= 0 or (average + need) * total > weight * capacity then
+    return 0, 0
+  end
+  local excess = math.max(0, need - math.max(0, weight * capacity / total - held))
+  if excess > 0 then return need, excess end
+  return 0, 0
+end
+
+-- The other holders' burst claims of `pool` at NOW, summed in actb's order (score, name):
+-- excess, claims; stopping once the excess is above `limit` (active.py
+-- ActiveTenants.claims): only the holders whose claim may hold at this share (score <=
+-- pool / total) are visited, and at most CLAIM_VISITS of them (headroom.py CLAIM_VISITS).
+local CLAIM_VISITS = 16
+local function claims_of(tenant, pool, total, limit, window)
+  local bound = fmt(pool / total * (1 + 1e-9))
+  local excess, claims, visits = 0, 0, 0
+  -- One more than the visits: the asking tenant may be among them (it is not counted).
+  local batch = redis.call('ZRANGEBYSCORE', K_ACTB, '-inf', bound, 'LIMIT', 0, CLAIM_VISITS + 1)
+  for _, name in ipairs(batch) do
+    if visits == CLAIM_VISITS then break end
+    if name ~= tenant then
+      visits = visits + 1
+      local a = activity(name)
+      if a then
+        local claim, more = burst_claim(a.h, average_at(a, a.h, window), a.b, a.w, total, pool)
+        excess, claims = excess + more, claims + claim
+      end
+      if excess > limit then break end
+    end
+  end
+  return excess, claims
 end
 
 -- ---- leases -----------------------------------------------------------------------------
@@ -772,14 +822,14 @@ end
 
 -- ---- housekeeping -----------------------------------------------------------------------
 -- Every key gets a TTL; a script never shortens one (a long queue wait may have set more).
--- The active tenants' records and their aggregates (11, 13, 14, 15) share the longest of
+-- The active tenants' records and their aggregates (11, 13, 14, 15, 17) share the longest of
 -- their TTLs: they expire together or not at all. A TTL less than 1 % of the key TTL short
 -- of what it should be (1.3 s of 130 s) is left alone: a key is set again about once a
 -- second, not by every call (each PEXPIRE a command of its own inside the script).
 -- A full touch reads the TTLs of all the keys but the clock (the last), so it runs once per
 -- 1 % of the key TTL; meanwhile a call reads the TTLs of only the keys it may have created
 -- (`made`): every key then keeps at least the key TTL less 2 %, and none is ever without one.
-local SHARED_TTL = {[11] = true, [13] = true, [14] = true, [15] = true}
+local SHARED_TTL = {[11] = true, [13] = true, [14] = true, [15] = true, [17] = true}
 
 local function is_shared(key)
   for i in pairs(SHARED_TTL) do

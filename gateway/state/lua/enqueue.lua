@@ -29,7 +29,7 @@ for i = 17, #ARGV do engines[#engines + 1] = ARGV[i] end
 push(id, tenant, prio, weight, engines, blocks, NOW + max_wait, owner, lease_ttl, burst)
 local rec = nil
 if headroom > 0 then
-  rec = observe(tenant, weight, num(redis.call('HGET', K_TEN, 'k:' .. tenant)), window)
+  rec = observe(tenant, weight, num(redis.call('HGET', K_TEN, 'k:' .. tenant)), window, blocks)
 end
 settle(tenant, rec)
 return finish('queued')
