@@ -167,12 +167,14 @@ async def load(
         after = (await http.get(engine_url + "/sim/state")).json()
         stop.set()
         await asyncio.gather(*tasks)
-        predicted = quantile = None
+        predicted = quantile = margin = None
         for line in (await http.get(gateway_url + "/metrics")).text.splitlines():
             if line.startswith("kv_gateway_predicted_output_tokens{"):
                 predicted = float(line.rsplit(" ", 1)[1])
             if line.startswith("kv_gateway_reserved_quantile{"):
                 quantile = float(line.rsplit(" ", 1)[1])
+            if line.startswith("kv_gateway_reserved_margin{"):
+                margin = float(line.rsplit(" ", 1)[1])
     done = len(latencies)
     q = statistics.quantiles(latencies, n=20) if done >= 2 else [float("nan")] * 19
     return {
@@ -190,6 +192,7 @@ async def load(
         "peak_running": peak_running,
         "predicted_output_tokens": predicted,
         "adaptive_quantile_at_end": quantile,
+        "adaptive_margin_at_end": margin,
     }
 
 

@@ -188,16 +188,36 @@ class PredictionConfig(_Strict):
 
 
 class AdaptiveConfig(_Strict):
-    """The `adaptive` reservation: the quantile moves to keep the engines' preemptions per
-    1,000 completed requests at most at the target."""
+    """The `adaptive` reservation: `prediction.quantile` of recent outputs plus a margin for
+    the tail, steered to keep the engines' preemptions per 1,000 completed requests at most
+    at the target (gateway/core/reservation.py, `AdaptiveReservation`)."""
 
     target_preemptions_per_1000: float = Field(default=1.0, gt=0)
-    # The quantile moves between this and 1 (starting at prediction.quantile).
+    # The margin: how many times the outputs' mean excess over the quantile is added to it.
+    start_margin: float = Field(default=6.0, ge=0)
+    max_margin: float = Field(default=10.0, ge=0)
+    # How far one preemption moves the margin up (a completed request: step × target / 1000
+    # down); beyond the margin's range the quantile moves, 0.1 per unit.
+    step: float = Field(default=0.1, gt=0)
+    # The lowest quantile it may reserve for (below a margin of 0).
     min_quantile: float = Field(default=0.5, gt=0, le=1)
-    step: float = Field(default=0.02, gt=0, le=1)
+    # Completed requests per model before it steers (a cold start's preemptions not owed).
+    warmup_requests: int = Field(default=1000, ge=0)
+
+    @model_validator(mode="after")
+    def _valid_policy(self) -> AdaptiveConfig:
+        self.policy()  # the core's own checks (start_margin <= max_margin)
+        return self
 
     def policy(self) -> AdaptivePolicy:
-        return AdaptivePolicy(self.target_preemptions_per_1000, self.min_quantile, self.step)
+        return AdaptivePolicy(
+            target_per_1000=self.target_preemptions_per_1000,
+            start_margin=self.start_margin,
+            max_margin=self.max_margin,
+            step=self.step,
+            min_quantile=self.min_quantile,
+            warmup_requests=self.warmup_requests,
+        )
 
 
 class AdmissionConfig(_Strict):
@@ -205,7 +225,7 @@ class AdmissionConfig(_Strict):
     # worst_case: prompt + the whole output budget (the engine never preempts);
     # predicted: prompt + min(budget, a quantile of recent outputs) (more concurrency, some
     # preemption risk). See gateway/core/reservation.py.
-    # adaptive: predicted, at a quantile steered by the engines' preemptions.
+    # adaptive: predicted plus a margin for the tail, steered by the engines' preemptions.
     reservation: Literal["worst_case", "predicted", "adaptive"] = "worst_case"
     prediction: PredictionConfig = PredictionConfig()
     adaptive: AdaptiveConfig = AdaptiveConfig()

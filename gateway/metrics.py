@@ -24,7 +24,7 @@ from collections.abc import Iterable, Mapping
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.multiprocess import MultiProcessCollector
 
-from gateway.core.reservation import OutputLengths
+from gateway.core.reservation import AdaptiveReservation, OutputLengths
 from gateway.core.types import EngineLoad
 from gateway.engines.pool import EnginePool
 from gateway.state.base import StateStore
@@ -165,6 +165,14 @@ class GatewayMetrics:
             registry=self.registry,
             multiprocess_mode="mostrecent",
         )
+        self.reserved_margin = Gauge(
+            "kv_gateway_reserved_margin",
+            "`adaptive` reservations: how many times the recent outputs' mean excess over "
+            "the quantile is reserved beyond it, as the engines' preemptions steer it.",
+            ["model"],
+            registry=self.registry,
+            multiprocess_mode="mostrecent",
+        )
 
         self.client_connections = Gauge(
             "kv_gateway_client_connections",
@@ -267,7 +275,7 @@ class GatewayMetrics:
         pool: EnginePool,
         output_lengths: Mapping[str, OutputLengths],
         kv_ceiling: float,
-        quantiles: Mapping[str, float] | None = None,
+        adaptive: Mapping[str, AdaptiveReservation] | None = None,
     ) -> bytes:
         """The page: counters as they stand, gauges read now from the store and the pool."""
         # Scraped most when something is wrong: an unreachable Redis leaves the gauges read
@@ -295,8 +303,9 @@ class GatewayMetrics:
             predicted = lengths.predicted()
             if predicted is not None:
                 self.predicted_output.labels(model).set(predicted)
-        for model, quantile in (quantiles or {}).items():
-            self.reserved_quantile.labels(model).set(quantile)
+        for model, steered in (adaptive or {}).items():
+            self.reserved_quantile.labels(model).set(steered.quantile)
+            self.reserved_margin.labels(model).set(steered.margin)
         if MULTIPROCESS_DIR in os.environ:
             every_worker = CollectorRegistry()
             MultiProcessCollector(every_worker)  # type: ignore[no-untyped-call]

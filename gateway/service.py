@@ -17,7 +17,7 @@ from gateway.core.footprint import output_budget
 from gateway.core.kvmath import ceil_div
 from gateway.core.reservation import (
     AdaptivePolicy,
-    AdaptiveQuantile,
+    AdaptiveReservation,
     OutputLengths,
     PredictionPolicy,
     blocks_short,
@@ -123,13 +123,15 @@ class Service:
         self._policy = prediction or PredictionPolicy()
         self.output_lengths = {model: OutputLengths(self._policy) for model in counters}
         self._tenant_lengths: dict[tuple[str, str], OutputLengths] = {}
-        # `adaptive`: per model, the quantile steered by its engines' preemptions, and the
-        # preemption total last seen on them.
+        # `adaptive`: per model, the reservation steered by its engines' preemptions, the
+        # preemption total last seen on them, and the requests completed (it steers only
+        # after `warmup_requests`).
         steer = adaptive or AdaptivePolicy()
         self.adaptive = {
-            model: AdaptiveQuantile(steer, self._policy.quantile) for model in counters
+            model: AdaptiveReservation(steer, self._policy.quantile) for model in counters
         }
         self._preemptions_seen: dict[str, int] = {}
+        self._completed: dict[str, int] = {}
 
     async def admit(
         self,
@@ -242,18 +244,18 @@ class Service:
     def output_cap(self, model: str, tenant: str = DEFAULT_TENANT.name) -> int | None:
         """Output tokens per sequence to reserve at most; None = the whole budget. The
         tenant's own prediction once it has enough samples, else the model's; at the
-        configured quantile (`predicted`) or the one its engines' preemptions steer
-        (`adaptive`)."""
+        configured quantile (`predicted`) or as its engines' preemptions steer it
+        (`adaptive`: a quantile and a margin for the tail)."""
         if self.reservation == "worst_case":
             return None
         steered = self.adaptive.get(model) if self.reservation == "adaptive" else None
-        quantile = steered.quantile if steered is not None else None
-        own = self._tenant_lengths.get((model, tenant))
-        predicted = own.predicted(quantile) if own is not None else None
-        if predicted is None:
-            pooled = self.output_lengths.get(model)
-            predicted = pooled.predicted(quantile) if pooled is not None else None
-        return predicted
+        for lengths in (self._tenant_lengths.get((model, tenant)), self.output_lengths.get(model)):
+            if lengths is None:
+                continue
+            predicted = lengths.predicted() if steered is None else steered.reserve(lengths)
+            if predicted is not None:
+                return predicted
+        return None
 
     def observe_output(
         self,
@@ -275,7 +277,10 @@ class Service:
         own.observe(per_seq)
         steered = self.adaptive.get(model)
         if steered is not None:
-            steered.observe(completed=1, preemptions=self._new_preemptions(model))
+            preemptions = self._new_preemptions(model)
+            completed = self._completed[model] = self._completed.get(model, 0) + 1
+            if completed > steered.policy.warmup_requests:
+                steered.observe(completed=1, preemptions=preemptions)
 
     def _new_preemptions(self, model: str) -> int:
         """Preemptions on the model's engines since the last call (their counters as last

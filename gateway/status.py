@@ -39,6 +39,7 @@ class ModelEstimate:
 
     predicted_output_tokens: int | None = None
     reserved_quantile: float | None = None
+    reserved_margin: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,6 +100,9 @@ async def snapshot(
                 "name": name,
                 "predicted_output_tokens": estimate.predicted_output_tokens,
                 "reserved_quantile": estimate.reserved_quantile,
+                "reserved_margin": None
+                if estimate.reserved_margin is None
+                else round(estimate.reserved_margin, 3),
             }
             for name, estimate in sorted(extras.models.items())
         ],

@@ -46,15 +46,15 @@ def status_extras(runtime: Runtime, worker: tuple[int, int] | None = None) -> st
     """What `/admin/status` reads beyond the pool and the store: the configured tenants (as
     the last reload left them), the counters (every worker's), the estimates, the line."""
     service = runtime.service
-    quantiles = {}
-    if service.reservation == "adaptive":
-        quantiles = {model: a.quantile for model, a in service.adaptive.items()}
-    models = {
-        model: status.ModelEstimate(
-            predicted_output_tokens=lengths.predicted(), reserved_quantile=quantiles.get(model)
+    steered = service.adaptive if service.reservation == "adaptive" else {}
+    models = {}
+    for model, lengths in service.output_lengths.items():
+        adaptive = steered.get(model)
+        models[model] = status.ModelEstimate(
+            predicted_output_tokens=lengths.predicted(),
+            reserved_quantile=adaptive.quantile if adaptive is not None else None,
+            reserved_margin=adaptive.margin if adaptive is not None else None,
         )
-        for model, lengths in service.output_lengths.items()
-    }
     return status.Extras(
         tenants=[policy_of(t) for t in runtime.cfg.tenants] or [DEFAULT_TENANT],
         totals=runtime.metrics.totals(),
@@ -131,10 +131,8 @@ def _routes(runtime: Runtime, worker: tuple[int, int] | None = None) -> list[Rou
 
     async def metrics_page(request: Request) -> Response:
         service = runtime.service
-        quantiles = None
-        if service.reservation == "adaptive":
-            quantiles = {model: a.quantile for model, a in service.adaptive.items()}
-        page = await metrics.render(store, pool, service.output_lengths, kv_ceiling, quantiles)
+        steered = service.adaptive if service.reservation == "adaptive" else None
+        page = await metrics.render(store, pool, service.output_lengths, kv_ceiling, steered)
         return Response(page, media_type=CONTENT_TYPE_LATEST)
 
     async def admin_status(request: Request) -> Response:

@@ -9,8 +9,9 @@ from hypothesis import strategies as st
 from gateway.core.admission import NeverFits, Placement, place
 from gateway.core.footprint import footprint
 from gateway.core.reservation import (
+    QUANTILE_PER_MARGIN,
     AdaptivePolicy,
-    AdaptiveQuantile,
+    AdaptiveReservation,
     OutputLengths,
     PredictionPolicy,
     blocks_short,
@@ -155,85 +156,127 @@ def test_a_topped_up_lease_holds_the_next_token(prompt, generated, budget, seqs,
         assert per_seq <= math.ceil((prompt + budget) / block)  # never past the worst case
 
 
-def test_adaptive_quantile_tightens_on_preemptions_and_relaxes_when_quiet() -> None:
-    steer = AdaptiveQuantile(AdaptivePolicy(target_per_1000=10, min_quantile=0.5, step=0.05), 0.6)
-    steer.observe(completed=10, preemptions=3)  # 0.1 allowed, 3 seen: 2.9 over budget
-    assert steer.quantile == pytest.approx(0.7)  # a step per whole preemption over budget
-    steer.observe(preemptions=1)  # 3.9 over: one more whole one
-    assert steer.quantile == pytest.approx(0.75)
-    for _ in range(489):
-        steer.observe(completed=1)
-    assert steer.quantile == pytest.approx(0.75)  # the debt repaid, 0.99 to spare
-    steer.observe(completed=1)
-    assert steer.quantile == pytest.approx(0.70)  # a whole one to spare: relax a step
-    assert steer.allowance == pytest.approx(0.0)  # and spend it
-    for _ in range(100):
-        steer.observe(preemptions=5)
-    assert steer.quantile == 1.0  # never past the longest recent output
-    for _ in range(100_000):
-        steer.observe(completed=100)
-    assert steer.quantile == 0.5  # nor below the floor
+def test_excess_is_the_mean_overshoot_of_the_quantile():
+    seen = lengths(0.9)
+    for x in range(1, 101):
+        seen.observe(x)
+    # q = 90; the ten above it overshoot by 1..10: 55 over 100 samples.
+    assert seen.excess() == pytest.approx(0.55)
+    assert seen.excess(1.0) == 0.0
+    seen.observe(1000)  # forgets nothing (window 1000), and the cache must not be stale
+    # Now q = 91 (rank 91 of 101): 92..100 overshoot by 1..9, and 1000 by 909.
+    assert seen.excess() == pytest.approx((45 + 909) / 101)
 
 
-def test_a_burst_over_budget_is_not_forgiven() -> None:
-    # Twenty preemptions in one scrape, then quiet: the quantile stays up until the twenty
-    # are paid for at the target rate (20 × 1,000 requests at 1/1000), then relaxes.
-    steer = AdaptiveQuantile(AdaptivePolicy(target_per_1000=1, step=0.02), 0.9)
-    steer.observe(completed=1, preemptions=20)
-    high = steer.quantile
-    assert high == 1.0
-    for _ in range(20_000):
-        steer.observe(completed=1)
-    assert steer.quantile == high
-    for _ in range(1_001):
-        steer.observe(completed=1)
-    assert steer.quantile < high
+def test_excess_is_zero_before_min_samples():
+    seen = lengths(min_samples=3)
+    seen.observe(5)
+    assert seen.excess() == 0.0
 
 
-def test_adaptive_quantile_meets_its_target_against_bursty_preemptions() -> None:
-    # A toy engine with a cliff, like a workload with 10 % long answers: reserving below
-    # the 0.9 quantile under-reserves every long one, and 30 % of the requests admitted then
-    # cause a preemption; the gateway learns of them once per 50 requests (a scrape), as a
-    # burst. Above the cliff nothing is preempted. Over a long run the controller must keep
-    # to its target (it may probe below the cliff, but pays for each burst), and must not
-    # stay pinned at the top either.
-    target = 1.0
-    steer = AdaptiveQuantile(AdaptivePolicy(target_per_1000=target, step=0.02), 0.95)
-    owed = 0.0
-    preemptions = 0
-    requests = 500_000
-    lowest_after_first_burst = 1.0
-    for i in range(1, requests + 1):
-        if steer.quantile < 0.9 - 1e-9:
-            owed += 0.3
-        seen = 0
-        if i % 50 == 0:
-            seen = int(owed)
-            owed -= seen
-            preemptions += seen
-        steer.observe(completed=1, preemptions=seen)
-        if preemptions:
-            lowest_after_first_burst = min(lowest_after_first_burst, steer.quantile)
-    assert preemptions > 0  # it did probe the cliff
-    assert 1000 * preemptions / requests <= target
-    assert lowest_after_first_burst < 0.92  # and came back down to it after a burst
+@given(
+    st.lists(st.integers(0, 2000), min_size=1, max_size=200),
+    st.integers(1, 50),
+    st.floats(0.05, 1.0),
+)
+def test_excess_matches_its_definition(xs, window, quantile):
+    seen = lengths(quantile, window)
+    for x in xs:
+        seen.observe(x)
+    recent = xs[-window:]
+    q = seen.predicted()
+    assert q is not None
+    assert seen.excess() == pytest.approx(sum(max(0, x - q) for x in recent) / len(recent))
 
 
-def test_adaptive_quantile_settles_at_its_target_against_a_simulated_engine() -> None:
-    # A toy engine: preemptions per request fall as the reserved quantile rises (a tail of
-    # long outputs that outgrow low quantiles). The controller finds where they meet 2/1000.
-    steer = AdaptiveQuantile(AdaptivePolicy(target_per_1000=2, step=0.01), 0.6)
+def steer(**kwargs) -> AdaptiveReservation:
+    return AdaptiveReservation(AdaptivePolicy(**kwargs), 0.9)
 
-    def preemption_rate(q: float) -> float:  # per request
-        return 0.05 * (1 - q) ** 2
+
+def test_the_position_moves_margin_then_quantile():
+    a = steer(target_per_1000=10, start_margin=6, max_margin=10, step=0.1, min_quantile=0.5)
+    assert (a.quantile, a.margin) == (0.9, 6)
+    a.observe(preemptions=40)  # +4: the margin's top
+    assert (a.quantile, a.margin) == (0.9, pytest.approx(10))
+    a.observe(preemptions=5)  # +0.5 beyond it: the quantile rises
+    assert a.margin == 10
+    assert a.quantile == pytest.approx(0.9 + 0.5 * QUANTILE_PER_MARGIN)
+    a.observe(preemptions=1000)
+    assert a.quantile == 1.0  # never past the longest recent output
+    a.observe(completed=10_000_000)
+    assert a.margin == 0 and a.quantile == 0.5  # nor below the floor
+    a.observe(preemptions=1)  # held at the end: not owed the time spent there
+    assert a.quantile == pytest.approx(0.5 + 0.1 * QUANTILE_PER_MARGIN)
+
+
+def test_completed_requests_relax_at_the_target_rate():
+    a = steer(target_per_1000=10, start_margin=6, step=0.1)
+    a.observe(completed=1000)  # 10 preemptions' worth: one unit of position
+    assert a.margin == pytest.approx(5)
+    a.observe(completed=1000, preemptions=10)  # at the target: stays
+    assert a.margin == pytest.approx(5)
+
+
+def test_a_burst_over_budget_is_paid_back_in_full():
+    a = steer(target_per_1000=1, start_margin=6, step=0.1)
+    a.observe(preemptions=20)  # +2
+    assert a.margin == pytest.approx(8)
+    a.observe(completed=19_000)
+    assert a.margin > 6
+    a.observe(completed=2_000)
+    assert a.margin < 6
+
+
+def test_reserve_is_the_quantile_plus_the_margin_of_excess():
+    seen = lengths(0.9)
+    for i in range(1000):
+        seen.observe(600 if i % 10 == 0 else 50)  # 10 % long answers
+    a = steer(start_margin=0)
+    assert a.reserve(seen) == 50  # the quantile alone: a short answer
+    a.position = 5
+    assert a.reserve(seen) == 50 + 5 * 55  # mean excess 0.1 × 550
+    a.position = 10
+    assert a.reserve(seen) == 600  # 1 / (1 − 0.9) excesses: the long answer
+    assert steer().reserve(lengths(min_samples=5)) is None  # nothing learnt yet
+
+
+def test_policy_checks_its_values():
+    for bad in (
+        {"target_per_1000": 0},
+        {"start_margin": 11, "max_margin": 10},
+        {"start_margin": -1},
+        {"min_quantile": 0},
+        {"step": 0},
+        {"warmup_requests": -1},
+    ):
+        with pytest.raises(ValueError):
+            AdaptivePolicy(**bad)
+
+
+@pytest.mark.parametrize("target", [1.0, 10.0])
+def test_adaptive_settles_at_its_target_against_a_toy_engine(target):
+    # A toy engine with a long tail: 10 % of answers are 600 tokens, the rest 1-96. A request
+    # whose reservation r falls short of a long answer is preempted with a probability that
+    # falls as r covers more of it (the short answers' unused room absorbs the growth). The
+    # controller must find the reservation where preemptions come at its target, neither
+    # pinned at the top (reserve everything) nor beyond its target.
+    seen = lengths(0.9)
+    for i in range(1000):
+        seen.observe(600 if i % 10 == 0 else 1 + i % 96)
+    a = steer(target_per_1000=target, start_margin=6, max_margin=10, step=0.1)
+
+    def preemption_rate(reserved: int) -> float:  # per request
+        return 0.1 * 0.5 * max(0.0, 1 - reserved / 600) ** 2
 
     owed = 0.0
     rates = []
-    for i in range(200_000):
-        owed += preemption_rate(steer.quantile)
-        seen = int(owed)
-        owed -= seen
-        steer.observe(completed=1, preemptions=seen)
-        if i >= 100_000:
-            rates.append(preemption_rate(steer.quantile))
-    assert 0.0015 <= sum(rates) / len(rates) <= 0.0025
+    for i in range(400_000):
+        owed += preemption_rate(a.reserve(seen))
+        seen_now = int(owed)
+        owed -= seen_now
+        a.observe(completed=1, preemptions=seen_now)
+        if i >= 200_000:
+            rates.append(preemption_rate(a.reserve(seen)))
+    mean = 1000 * sum(rates) / len(rates)
+    assert 0.8 * target <= mean <= 1.2 * target
+    assert a.reserve(seen) < 600  # not pinned at the top

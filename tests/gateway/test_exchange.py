@@ -17,6 +17,7 @@ import httpx
 import pytest
 
 from gateway.config import HealthConfig
+from gateway.core.reservation import AdaptivePolicy, AdaptiveReservation
 from gateway.core.retry import ReleaseRate
 from gateway.core.routing import Router
 from gateway.core.types import EngineSpec, TenantPolicy
@@ -350,15 +351,20 @@ async def test_adaptive_reservations_follow_the_engines_preemptions() -> None:
     d = desk({url: Scripted(body=whole(usage)) for url in ("http://a", "http://b")})
     service = d.service
     service.reservation = "adaptive"
-    steer = service.adaptive[MODEL]
-    start = steer.quantile
+    # Steers after its first two completed requests: preemptions before are not owed.
+    steer = service.adaptive[MODEL] = AdaptiveReservation(AdaptivePolicy(warmup_requests=2), 0.9)
+    start = steer.margin
     state = d.pool.get("a")
     assert state is not None
     state.preemptions = 0
     await run(d.exchanges.start("completion", "r0"), body())  # the counter's first reading
-    state.preemptions = 5  # the engine preempted five times since
+    state.preemptions = 5  # the cold start's preemptions
     await run(d.exchanges.start("completion", "r1"), body())
-    assert steer.quantile > start  # more is reserved now
+    assert steer.margin == start  # still warming up
+    state.preemptions = 8  # the engine preempted three times since
+    await run(d.exchanges.start("completion", "r2"), body())
+    assert steer.margin == pytest.approx(start + 3 * steer.policy.step - steer.policy.step / 1000)
+    assert service.output_cap(MODEL) == steer.reserve(service.output_lengths[MODEL])
     await assert_nothing_held(d)
 
 

@@ -173,3 +173,36 @@ async def test_each_tenant_is_predicted_from_its_own_outputs():
         assert await reserved("short") == math.ceil((10 + 8) / BLOCK)  # its own 8
         # No samples of its own: the model's window (the last 5: all 8 tokens).
         assert await reserved("new") == math.ceil((10 + 8) / BLOCK)
+
+
+async def test_adaptive_reserves_the_quantile_plus_its_margin_and_shows_it():
+    # Outputs of 8 and 40 tokens: the 0.5 quantile is 8 and the mean excess over it 16 (half
+    # the samples overshoot by 32). A margin of 2 reserves 8 + 2 × 16 = 40 output tokens.
+    steer = {"start_margin": 2, "max_margin": 10, "warmup_requests": 0}
+    cfg = {
+        "kv_ceiling": 1.0,
+        "reservation": "adaptive",
+        "prediction": {"quantile": 0.5, "window": 6, "min_samples": 6},
+        "adaptive": steer,
+    }
+    async with (
+        gateway_over([ENGINE], admission=cfg) as gw,
+        httpx.AsyncClient(timeout=30) as http,
+    ):
+        for max_tokens in (8, 40) * 3:
+            r = await http.post(gw.url + "/v1/completions", json=body(max_tokens, stream=False))
+            assert r.status_code == 200
+        assert await reserved_while_streaming(http, gw.url, 600) == math.ceil((10 + 40) / BLOCK)
+        # Six completed requests and no preemption: 6 × step (0.1) × target (1) / 1000 less.
+        margin = 2 - 6 * 0.1 / 1000
+        assert await metric(http, gw.url, "kv_gateway_reserved_margin") == pytest.approx(margin)
+        assert await metric(http, gw.url, "kv_gateway_reserved_quantile") == 0.5
+        status = (await http.get(gw.url + "/admin/status")).json()
+        assert status["models"] == [
+            {
+                "name": "tiny",
+                "predicted_output_tokens": 8,
+                "reserved_quantile": 0.5,
+                "reserved_margin": round(margin, 3),
+            }
+        ]

@@ -177,6 +177,7 @@ function drawModels(doc) {
     row.append(el("td", {}, m.name));
     row.append(el("td", {}, m.predicted_output_tokens === null ? "not learnt yet" : fmt(m.predicted_output_tokens, 0)));
     row.append(el("td", {}, m.reserved_quantile === null ? "–" : fmt(m.reserved_quantile, 3)));
+    row.append(el("td", {}, m.reserved_margin === null ? "–" : fmt(m.reserved_margin, 2)));
     body.append(row);
   }
 }
