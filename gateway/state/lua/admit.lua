@@ -226,7 +226,7 @@ if own then
 else
   charge(tenant, prio, weight, chosen.b, burst)
 end
-settle(tenant, rec)
+settle(tenant, rec, held + chosen.b)
 return finish({'lease', chosen.name, chosen.b, chosen.s,
   rpm and fmt(rpm_level - 1) or '', tpm and fmt(tpm_level - tokens) or '', fmt(NOW),
   chosen.pb, chosen.cr})

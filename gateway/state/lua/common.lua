@@ -166,6 +166,11 @@ local function seconds_until(units, level, limit)
 end
 
 -- ---- headroom (gateway/core/headroom.py) -------------------------------------------------
+-- How many entries the tenant has in the line.
+local function tenant_queued(tenant)
+  return redis.call('ZLEXCOUNT', K_QTF, '[' .. tenant .. '\0', '(' .. tenant .. '\1')
+end
+
 -- A record without h was written by the scripts before issue 14 (a replica not yet
 -- upgraded): not counted as it is now (`stale`).
 local function decoded(raw)
@@ -326,14 +331,14 @@ local function weight_sum(sums, minus)
   return math.ldexp(m, pos - 52 - 1074)
 end
 
--- The tenant's record `rec` (nil: its record as it is) now counts with the blocks it holds
--- and the entries it has now; nothing when it has no record (not active).
-local function settle(tenant, rec)
+-- The tenant's record `rec` (nil: its record as it is) now counts with `held`, the blocks
+-- it holds now (nil: read them; a caller that has just changed them knows them), and the
+-- entries it has now; nothing when it has no record (not active).
+local function settle(tenant, rec, held)
   local old = activity(tenant)
   if rec == nil then rec = old end
   if rec == nil then return end
-  local held = num(redis.call('HGET', K_TEN, 'k:' .. tenant))
-  local queued = redis.call('ZLEXCOUNT', K_QTF, '[' .. tenant .. '\0', '(' .. tenant .. '\1')
+  if held == nil then held = num(redis.call('HGET', K_TEN, 'k:' .. tenant)) end
   if old ~= nil and old.stale then
     redis.call('HDEL', K_ACTS, 'n') -- not counted as it is: all rebuilt at the next use
   end
@@ -353,10 +358,12 @@ local function settle(tenant, rec)
   elseif old ~= nil and old.h > 0 then
     redis.call('ZREM', K_ACTR, tenant)
   end
-  if held > 0 or queued > 0 then
-    redis.call('ZREM', K_ACTA, tenant)
-  else
+  -- acta holds the tenants with nothing held and nothing queued: a record that counts
+  -- blocks held was written here with the tenant taken out of acta, so it is not there.
+  if held <= 0 and tenant_queued(tenant) == 0 then
     zadd(K_ACTA, fmt(rec.s), tenant)
+  elseif old == nil or old.h <= 0 then
+    redis.call('ZREM', K_ACTA, tenant)
   end
   local b = rec.b or 0
   if held > 0 and b > 0 then
@@ -577,7 +584,8 @@ local function drop_lease(id, used)
   if not raw then return nil end
   redis.call('HDEL', K_LEASES, id)
   local l = cjson.decode(raw)
-  local rec = observe(l.t, nil, num(redis.call('HGET', K_TEN, 'k:' .. l.t)), nil)
+  local held = num(redis.call('HGET', K_TEN, 'k:' .. l.t))
+  local rec = observe(l.t, nil, held, nil)
   local freed = l.h and drop_prefix(l.e, l.h) or 0
   add(K_LOAD, 'b:' .. l.e, -(private(l, l.b) + freed))
   add(K_LOAD, 's:' .. l.e, -l.s)
@@ -588,7 +596,7 @@ local function drop_lease(id, used)
     local level = bucket_level(l.t, 't', l.tpm) + (l.k - used)
     bucket_set(l.t, 't', l.tpm, math.max(-l.tpm, math.min(l.tpm, level)))
   end
-  settle(l.t, rec)
+  settle(l.t, rec, held - l.b)
   released = true
   return l
 end
@@ -657,10 +665,6 @@ end
 local function tag(tenant, prio, weight, burst)
   hold_v(prio)
   return start_tag(tenant, prio, weight, burst)
-end
-
-local function tenant_queued(tenant)
-  return redis.call('ZLEXCOUNT', K_QTF, '[' .. tenant .. '\0', '(' .. tenant .. '\1')
 end
 
 -- An entry is kept alive like a lease: it expires at its deadline, or `lease_ttl` after its

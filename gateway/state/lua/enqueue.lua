@@ -27,9 +27,10 @@ end
 local engines = {}
 for i = 17, #ARGV do engines[#engines + 1] = ARGV[i] end
 push(id, tenant, prio, weight, engines, blocks, NOW + max_wait, owner, lease_ttl, burst)
-local rec = nil
 if headroom > 0 then
-  rec = observe(tenant, weight, num(redis.call('HGET', K_TEN, 'k:' .. tenant)), window, blocks)
+  local held = num(redis.call('HGET', K_TEN, 'k:' .. tenant))
+  settle(tenant, observe(tenant, weight, held, window, blocks), held)
+else
+  settle(tenant, nil)
 end
-settle(tenant, rec)
 return finish('queued')

@@ -12,12 +12,13 @@ if not raw then return finish(0) end
 local l, target = cjson.decode(raw), tonumber(ARGV[5])
 local more = target - l.b
 if more <= 0 then return finish(l.b) end
-local rec = observe(l.t, nil, num(redis.call('HGET', K_TEN, 'k:' .. l.t)), nil) -- before
+local held = num(redis.call('HGET', K_TEN, 'k:' .. l.t))
+local rec = observe(l.t, nil, held, nil) -- before
 l.b = target
 hset(K_LEASES, ARGV[3], cjson.encode(l))
 add(K_LOAD, 'b:' .. l.e, more)
 add(K_TEN, 'k:' .. l.t, more)
-settle(l.t, rec)
+settle(l.t, rec, held + more)
 if present(l.p) and present(l.w) then
   local f = 'f:' .. l.p .. ':' .. l.t
   local start = math.max(virtual_now(l.p), num(redis.call('HGET', K_FAIR, f)))

@@ -15,7 +15,8 @@ for i = 5 + entries, #ARGV - 1, 2 do
       and not redis.call('ZSCORE', K_LEXP, id) then
     local raw = ARGV[i + 1]
     local l = cjson.decode(raw)
-    local rec = observe(l.t, nil, num(redis.call('HGET', K_TEN, 'k:' .. l.t)), nil)
+    local held = num(redis.call('HGET', K_TEN, 'k:' .. l.t))
+    local rec = observe(l.t, nil, held, nil)
     hset(K_LEASES, id, raw)
     zadd(K_LEXP, NOW + ttl, id)
     local new = l.h and hold_prefix(l.e, l.h) or 0
@@ -24,7 +25,7 @@ for i = 5 + entries, #ARGV - 1, 2 do
     add(K_LOAD, 'p:' .. l.e, private(l, l.pb or 0) + new)
     add(K_TEN, 'n:' .. l.t, 1)
     add(K_TEN, 'k:' .. l.t, l.b)
-    settle(l.t, rec)
+    settle(l.t, rec, held + l.b)
     restored[#restored + 1] = id
   end
 end
