@@ -73,6 +73,10 @@ local records
 -- admission (its start tag, `hold_v`, the charge's tag, the pruning); a change of the line or
 -- of the class's V drops it (`hold_v` sets what V already is).
 local vnow
+-- The fair hash's fields as this call read or wrote them (field -> value, false: none), but
+-- "seq": one admission reads V, the held V and the tenant's served tag several times (its
+-- start tag, the charge's tag, the pruning); every other read and write goes through here.
+local fair
 -- The keys this call may have created (key -> true): a write that added a field or a member,
 -- or a counter that now holds just what was added. `finish` gives such a key a TTL.
 local made
@@ -93,6 +97,7 @@ local function begin(keys, argv)
   released, departed, moved = false, {}, {}
   records = {}
   vnow = {}
+  fair = {}
   made = {}
 end
 
@@ -619,6 +624,31 @@ local function member_id(m)
   return string.match(m, '^%d+:[%d%.]+:%d+:(.*)$')
 end
 
+local function fair_get(field)
+  local v = fair[field]
+  if v == nil then
+    v = redis.call('HGET', K_FAIR, field)
+    fair[field] = v
+  end
+  return v or nil
+end
+
+local function fair_num(field)
+  return num(fair_get(field))
+end
+
+-- Not written when it holds that value already (V and the held V are often unchanged).
+local function fair_set(field, value)
+  if fair[field] == value then return end
+  hset(K_FAIR, field, value)
+  fair[field] = value
+end
+
+local function fair_del(field)
+  redis.call('HDEL', K_FAIR, field)
+  fair[field] = false
+end
+
 local function entry(id)
   local raw = redis.call('HGET', K_QENT, id)
   if not raw then return nil end
@@ -634,15 +664,15 @@ local function virtual_now(prio)
   if first then
     v = tonumber(entry(member_id(first)).s)
   else
-    v = num(redis.call('HGET', K_FAIR, 'v:' .. prio))
+    v = fair_num('v:' .. prio)
   end
-  v = math.max(num(redis.call('HGET', K_FAIR, 'vf:' .. prio)), v)
+  v = math.max(fair_num('vf:' .. prio), v)
   vnow[prio] = v
   return v
 end
 
 local function last_finish(tenant, prio)
-  local served = num(redis.call('HGET', K_FAIR, 'f:' .. prio .. ':' .. tenant))
+  local served = fair_num('f:' .. prio .. ':' .. tenant)
   local p = tenant .. '\0' .. pkey(prio)
   local last = redis.call('ZREVRANGEBYLEX', K_QTF, '(' .. p .. ';', '[' .. p .. ':', 'LIMIT', 0, 1)[1]
   if last then
@@ -658,7 +688,7 @@ end
 
 -- Record V before the line changes: whatever joins or leaves, V never goes back.
 local function hold_v(prio)
-  hset(K_FAIR, 'vf:' .. prio, fmt(virtual_now(prio)))
+  fair_set('vf:' .. prio, fmt(virtual_now(prio)))
 end
 
 -- The start tag for a new charge (recording the V it used).
@@ -748,7 +778,7 @@ local function prune_tags()
     local prio, tenant = string.match(first[1], '^(-?%d+):(.*)$')
     if tonumber(first[2]) > virtual_now(tonumber(prio)) then return end
     redis.call('ZREM', K_FAIRH, first[1])
-    redis.call('HDEL', K_FAIR, 'f:' .. prio .. ':' .. tenant)
+    fair_del('f:' .. prio .. ':' .. tenant)
   end
 end
 
@@ -756,7 +786,7 @@ end
 -- it stops mattering.
 local function set_served(tenant, prio, finish, weight, burst)
   local m = prio .. ':' .. tenant
-  hset(K_FAIR, 'f:' .. m, fmt(finish))
+  fair_set('f:' .. m, fmt(finish))
   if weight and burst then
     zadd(K_FAIRH, fmt((finish + burst / weight) * (1 + MARGIN) + MARGIN), m)
   else
@@ -767,9 +797,9 @@ end
 
 local function remember(tenant, prio, start, finish, weight, burst)
   local v = 'v:' .. prio
-  hset(K_FAIR, v, fmt(math.max(num(redis.call('HGET', K_FAIR, v)), start)))
+  fair_set(v, fmt(math.max(fair_num(v), start)))
   vnow[prio] = nil
-  local served = redis.call('HGET', K_FAIR, 'f:' .. prio .. ':' .. tenant)
+  local served = fair_get('f:' .. prio .. ':' .. tenant)
   if not served or finish > tonumber(served) then
     set_served(tenant, prio, finish, weight, burst)
   else

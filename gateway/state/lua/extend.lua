@@ -21,7 +21,7 @@ add(K_TEN, 'k:' .. l.t, more)
 settle(l.t, rec, held + more)
 if present(l.p) and present(l.w) then
   local f = 'f:' .. l.p .. ':' .. l.t
-  local start = math.max(virtual_now(l.p), num(redis.call('HGET', K_FAIR, f)))
+  local start = math.max(virtual_now(l.p), fair_num(f))
   set_served(l.t, l.p, start + more / l.w, l.w, opt(ARGV[6]))
 end
 return finish(l.b)
