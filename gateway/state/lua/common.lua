@@ -77,6 +77,10 @@ local vnow
 -- "seq": one admission reads V, the held V and the tenant's served tag several times (its
 -- start tag, the charge's tag, the pruning); every other read and write goes through here.
 local fair
+-- The ends of the line as this call read them: each class's first start tag (prio -> tag,
+-- false: nobody queued) and each tenant's last finish tag in a class (tenant \0 prio -> tag,
+-- false: none); read again by the pruning and the charge's tag, dropped by `line_changed`.
+local firstq, lastq
 -- The keys this call may have created (key -> true): a write that added a field or a member,
 -- or a counter that now holds just what was added. `finish` gives such a key a TTL.
 local made
@@ -98,6 +102,7 @@ local function begin(keys, argv)
   records = {}
   vnow = {}
   fair = {}
+  firstq, lastq = {}, {}
   made = {}
 end
 
@@ -655,29 +660,48 @@ local function entry(id)
   return cjson.decode(raw)
 end
 
+-- The tenant's entries of class `prio` joined, left or moved.
+local function line_changed(tenant, prio)
+  firstq[prio], lastq[tenant .. '\0' .. prio], vnow[prio] = nil, nil, nil
+end
+
+-- The start tag of the first entry of class `prio` (nil: nobody queued in it).
+local function first_start(prio)
+  local s = firstq[prio]
+  if s == nil then
+    local p = pkey(prio)
+    local first = redis.call('ZRANGEBYLEX', K_Q, '[' .. p .. ':', '(' .. p .. ';', 'LIMIT', 0, 1)[1]
+    s = first and tonumber(entry(member_id(first)).s) or false
+    firstq[prio] = s
+  end
+  return s or nil
+end
+
+-- The finish tag of the tenant's last entry of class `prio` (nil: none queued).
+local function last_queued_finish(tenant, prio)
+  local key = tenant .. '\0' .. prio
+  local f = lastq[key]
+  if f == nil then
+    local p = tenant .. '\0' .. pkey(prio)
+    local last = redis.call('ZREVRANGEBYLEX', K_QTF, '(' .. p .. ';', '[' .. p .. ':', 'LIMIT', 0, 1)[1]
+    f = last and tonumber(entry(member_id(string.sub(last, #tenant + 2))).f) or false
+    lastq[key] = f
+  end
+  return f or nil
+end
+
 local function virtual_now(prio)
   local cached = vnow[prio]
   if cached then return cached end
-  local p = pkey(prio)
-  local first = redis.call('ZRANGEBYLEX', K_Q, '[' .. p .. ':', '(' .. p .. ';', 'LIMIT', 0, 1)[1]
-  local v
-  if first then
-    v = tonumber(entry(member_id(first)).s)
-  else
-    v = fair_num('v:' .. prio)
-  end
-  v = math.max(fair_num('vf:' .. prio), v)
+  local v = math.max(fair_num('vf:' .. prio), first_start(prio) or fair_num('v:' .. prio))
   vnow[prio] = v
   return v
 end
 
 local function last_finish(tenant, prio)
   local served = fair_num('f:' .. prio .. ':' .. tenant)
-  local p = tenant .. '\0' .. pkey(prio)
-  local last = redis.call('ZREVRANGEBYLEX', K_QTF, '(' .. p .. ';', '[' .. p .. ':', 'LIMIT', 0, 1)[1]
-  if last then
-    return math.max(served, tonumber(entry(member_id(string.sub(last, #tenant + 2))).f))
-  end
+  local queued = last_queued_finish(tenant, prio)
+  if queued then return math.max(served, queued) end
   return served
 end
 
@@ -705,8 +729,8 @@ local function push(id, tenant, prio, weight, engines, blocks, deadline, owner, 
   local m = member(prio, start, seq, id)
   local q = tenant .. '\0' .. m
   zadd(K_Q, 0, m)
-  vnow[prio] = nil
   zadd(K_QTF, 0, q)
+  line_changed(tenant, prio)
   zadd(K_QEXP, math.min(deadline, NOW + lease_ttl), id)
   hset(K_QENT, id, cjson.encode({
     m = m, q = q, t = tenant, p = prio, b = blocks, e = engines,
@@ -744,8 +768,8 @@ local function close_gap(e)
       x.q = x.t .. '\0' .. x.m
       x.s, x.f = fmt(start), fmt(start + (f - s))
       zadd(K_Q, 0, x.m)
-      vnow[x.p] = nil
       zadd(K_QTF, 0, x.q)
+      line_changed(x.t, x.p)
       hset(K_QENT, id, cjson.encode(x))
     end
   end
@@ -759,8 +783,8 @@ local function leave(id, served)
   hold_v(e.p) -- whatever leaves, V never goes back
   redis.call('HDEL', K_QENT, id)
   redis.call('ZREM', K_Q, e.m)
-  vnow[e.p] = nil
   redis.call('ZREM', K_QTF, e.q)
+  line_changed(e.t, e.p)
   if not served then close_gap(e) end
   settle(e.t, nil)
   departed[#departed + 1] = id
