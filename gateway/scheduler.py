@@ -113,6 +113,7 @@ class Scheduler:
         """A lease on some engine, after waiting if needed; raises `RateLimited` (429), or
         `NoEngine` (503) when none of the request's engines is healthy."""
         self._require_healthy(ask)
+        claimed = self.forecast.claim(self.clock())  # a retry advised to come back now?
         # `leftover`: something of this ask may be in the store (a queue entry, or a lease
         # written by a call the client's departure cut short); handed back unless placed.
         placed = leftover = False
@@ -124,7 +125,7 @@ class Scheduler:
             await self._refuse_unless_waitable(ask, first)
             entry = QueueEntry(ask.id, ask.tenant, ask.engines, ask.blocks, self.max_wait_s)
             leftover = True  # until the store says no: its answer may be lost (Redis timeout)
-            verdict = await self.store.enqueue(entry, self.max_length)
+            verdict = await self.store.enqueue(entry, self._line_places(claimed))
             if verdict != "queued":
                 leftover = False
                 who = "the gateway's" if verdict == "queue_full" else f"tenant {ask.tenant.name}'s"
@@ -162,6 +163,13 @@ class Scheduler:
                 # Leaving without a lease (timeout, refusal, or the client went away):
                 # dequeue and release by id are idempotent, so hand back whatever there is.
                 await asyncio.shield(self._abandon(ask.id))
+
+    def _line_places(self, claimed: float | None) -> int:
+        """`queue.max_length` less the places held for retries this process advised ahead
+        of this request (they come back to find them, not a line refilled by newcomers
+        meanwhile; `claimed`: this request is the retry of the place due then)."""
+        held = self.forecast.held_places(self.clock(), claimed, line=self.max_length)
+        return max(0, self.max_length - held)
 
     async def _pause(self, ask: Ask, refusal: Refusal, remaining_s: float) -> None:
         """Until the next re-check is worth making. Behind a queued entry (`queued_ahead`
@@ -262,17 +270,21 @@ class Scheduler:
         """When to come back (core/retry.py): behind the whole line as it stands (a retry
         joins at its end) and the retries advised before, at the observed release rate."""
         loads = await self.store.loads()
-        free_seqs = free_blocks = 0
+        free_seqs = free_blocks = running_seqs = running_blocks = 0
         for name in ask.engines:
             if self.pool.get(name) is not None:
-                view = self.pool.view(name, loads.get(name, EngineLoad()))
+                load = loads.get(name, EngineLoad())
+                view = self.pool.view(name, load)
                 free_seqs += max(0, view.free_seqs())
                 free_blocks += max(0, view.free_blocks(self.kv_ceiling))
+                running_seqs += load.reserved_seqs
+                running_blocks += load.reserved_blocks
         need = Room(seqs=ask.seqs, blocks=ask.blocks)
         waiting = await self.store.queue_length() - (1 if queued else 0)
         blocks = await self.store.blocks_ahead(ask.engines) - (ask.blocks if queued else 0)
         ahead = Room(seqs=max(0, waiting), blocks=max(0, blocks))
         free = Room(seqs=free_seqs, blocks=free_blocks)
+        running = Room(seqs=running_seqs, blocks=running_blocks)
         return self.forecast.advise(
-            self.clock(), need=need, ahead=ahead, free=free, promise=promise
+            self.clock(), need=need, ahead=ahead, free=free, running=running, promise=promise
         )

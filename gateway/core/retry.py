@@ -13,11 +13,21 @@ to come back before it* — plus itself:
 so refusals given at the same moment get advice consistent with each other (each one a
 release later than the one before: they come back in order, not as a herd), and never
 earlier than the first expected release (`1 / seqs_per_s`, the mean time between two).
-Before any rate has been observed, the configured fallback, also spread by the promises.
+Before any rate has been observed (a cold start), the configured fallback stands for the
+time the requests running now take to end: the same deficit is counted in such
+"generations" of what runs (`running`), one `fallback_s` each, at least one.
+
+A promise also holds a place in the line (`held_places`) until its client comes back (the
+first arrival after it is due claims it, `claim`) or `PROMISE_GRACE_S` after it was due:
+the refused stand in a line of their own, in the order they were advised. A newcomer may
+take a place in the real line only when no promise is pending, and a retry only when none
+due before its own is; otherwise requests arriving meanwhile fill the line again and the
+advised retry is refused a second time, its advice made worthless by newcomers.
 """
 
 from __future__ import annotations
 
+import bisect
 import heapq
 from collections import deque
 from dataclasses import dataclass
@@ -26,6 +36,10 @@ from gateway.core.kvmath import ceil_div
 
 MIN_RETRY_S = 0.1
 MAX_RETRY_S = 300.0
+
+PROMISE_GRACE_S = 1.5
+"""How long after its advice a retry still finds its place held: `Retry-After` is whole
+seconds (rounded up, so up to 1 s late), and a client's clock and network add a little."""
 
 
 class ReleaseRate:
@@ -103,6 +117,33 @@ class RetryForecast:
         self._promised: list[tuple[float, int, int]] = []  # a heap of (due, seqs, blocks)
         self._seqs = 0
         self._blocks = 0
+        self._places: list[float] = []  # sorted: the due times of places kept in line
+
+    def _lapse(self, now: float) -> None:
+        while self._places and self._places[0] + PROMISE_GRACE_S <= now:
+            self._places.pop(0)
+
+    def held_places(self, now: float, claimed: float | None = None, line: int = 0) -> int:
+        """Places kept for advised retries (neither claimed nor lapsed) ahead of a request:
+        for a retry (`claimed`: the due time of the place it claimed) those due before its
+        own; for a newcomer those due before it would be through a line of `line` places
+        at the observed release rate (every one before a rate is known: a place taken now
+        would still be taken when they come back)."""
+        self._lapse(now)
+        if claimed is not None:
+            return bisect.bisect_left(self._places, claimed)
+        seqs_per_s = self.rate.seqs_per_second(now)
+        if not seqs_per_s:
+            return len(self._places)
+        return bisect.bisect_right(self._places, now + line / seqs_per_s)
+
+    def claim(self, now: float) -> float | None:
+        """A request arrived: if a kept place is due, it is taken as that place's retry and
+        its due time returned; None for a newcomer."""
+        self._lapse(now)
+        if self._places and self._places[0] <= now:
+            return self._places.pop(0)
+        return None
 
     def promised(self, now: float) -> Room:
         """Retries advised and not yet due: they will stand ahead of the next one."""
@@ -113,24 +154,37 @@ class RetryForecast:
         return Room(self._seqs, self._blocks)
 
     def advise(
-        self, now: float, *, need: Room, ahead: Room, free: Room, promise: bool = True
+        self,
+        now: float,
+        *,
+        need: Room,
+        ahead: Room,
+        free: Room,
+        running: Room = Room(0, 0),
+        promise: bool = True,
     ) -> RetryAdvice:
-        """When a request needing `need`, refused with `ahead` waiting in line before it and
-        `free` room on its engines now, should come back (see the module docstring).
-        `promise`: remember the advice, so that later ones come after it."""
+        """When a request needing `need`, refused with `ahead` waiting in line before it,
+        `free` room on its engines now and `running` held there, should come back (see the
+        module docstring).
+        `promise`: remember the advice, so that later ones come after it, and hold the
+        request's place in the line until it comes back."""
         promised = self.promised(now)
         seqs_per_s = self.rate.seqs_per_second(now)
         blocks_per_s = self.rate.per_second(now)
+        seq_deficit = ahead.seqs + promised.seqs + need.seqs - max(0, free.seqs)
+        block_deficit = ahead.blocks + promised.blocks + need.blocks - max(0, free.blocks)
         if seqs_per_s is None or blocks_per_s is None or seqs_per_s <= 0 or blocks_per_s <= 0:
-            seconds = self.fallback_s * (1 + len(self._promised))
+            generations = seq_deficit / max(1, running.seqs)
+            if running.blocks > 0:
+                generations = max(generations, block_deficit / running.blocks)
+            seconds = self.fallback_s * max(1.0, generations)
         else:
-            seq_deficit = ahead.seqs + promised.seqs + need.seqs - max(0, free.seqs)
-            block_deficit = ahead.blocks + promised.blocks + need.blocks - max(0, free.blocks)
             seconds = max(seq_deficit / seqs_per_s, block_deficit / blocks_per_s, 1.0 / seqs_per_s)
         seconds = min(MAX_RETRY_S, max(MIN_RETRY_S, seconds))
         if not promise:
             return RetryAdvice(seconds)
         heapq.heappush(self._promised, (now + seconds, need.seqs, need.blocks))
+        bisect.insort(self._places, now + seconds)
         self._seqs += need.seqs
         self._blocks += need.blocks
         return RetryAdvice(seconds)

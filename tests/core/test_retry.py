@@ -2,7 +2,7 @@ import itertools
 
 import pytest
 
-from gateway.core.retry import ReleaseRate, RetryAdvice, RetryForecast, Room
+from gateway.core.retry import PROMISE_GRACE_S, ReleaseRate, RetryAdvice, RetryForecast, Room
 
 
 def test_rate_needs_two_events_and_forgets_old_ones():
@@ -72,3 +72,67 @@ def test_header_rounding():
     assert RetryAdvice(1.2).header_seconds == 2
     assert RetryAdvice(0.1).header_seconds == 1
     assert RetryAdvice(0.1).header_ms == 100
+
+
+def test_a_promise_holds_a_place_in_line_until_claimed_or_lapsed():
+    forecast = RetryForecast(ReleaseRate(), fallback_s=2.0)
+    forecast.advise(0, need=Room(1, 1), ahead=Room(0, 0), free=Room(0, 0))  # due at 2
+    forecast.advise(0, need=Room(1, 1), ahead=Room(0, 0), free=Room(0, 0))  # due at 4
+    forecast.advise(0, need=Room(1, 1), ahead=Room(0, 0), free=Room(0, 0), promise=False)
+    assert forecast.held_places(1.0) == 2  # ahead of a newcomer; the unpromised holds none
+    assert forecast.claim(1.0) is None  # a newcomer before any is due takes no one's place
+    assert forecast.held_places(1.0) == 2
+    assert forecast.claim(2.0) == 2.0  # the first retry, back when told
+    assert forecast.held_places(2.0, claimed=2.0) == 0  # nobody ahead of it
+    assert forecast.held_places(2.0) == 1  # the second's place, kept from newcomers
+    # The second never comes back: its place is given up after the grace.
+    assert forecast.held_places(4.0 + PROMISE_GRACE_S - 0.01) == 1
+    assert forecast.held_places(4.0 + PROMISE_GRACE_S) == 0
+
+
+def test_a_late_retry_waits_behind_the_earlier_ones_only():
+    forecast = RetryForecast(ReleaseRate(), fallback_s=1.0)
+    due = [forecast.advise(0, need=Room(1, 1), ahead=Room(0, 0), free=Room(0, 0)).seconds
+           for _ in range(4)]  # fmt: skip
+    assert due == [1.0, 2.0, 3.0, 4.0]
+    # Two arrive at 2.1 (the first one late, within its grace): the earliest places go first.
+    assert forecast.claim(2.1) == 1.0  # the earliest due place is the one claimed
+    assert forecast.claim(2.1) == 2.0
+    assert forecast.held_places(2.1, claimed=2.0) == 0
+    assert forecast.held_places(2.1) == 2
+
+
+def test_a_cold_start_counts_generations_of_what_runs():
+    # No release seen yet: what runs now (4 sequences, 40 blocks) is taken to end within
+    # the fallback's 2 s. 6 ahead + 1 promised + 1 own = 8 sequences: two generations.
+    forecast = RetryForecast(ReleaseRate(), fallback_s=2.0)
+    running = Room(4, 40)
+    first = forecast.advise(
+        0, need=Room(1, 10), ahead=Room(6, 60), free=Room(0, 0), running=running
+    )
+    assert first.seconds == pytest.approx(2.0 * 7 / 4)
+    second = forecast.advise(
+        0, need=Room(1, 10), ahead=Room(6, 60), free=Room(0, 0), running=running
+    )
+    assert second.seconds == pytest.approx(2.0 * 8 / 4)
+    # Blocks decide when they are the scarcer: 30-block asks, 40 blocks running.
+    big = forecast.advise(0, need=Room(1, 30), ahead=Room(0, 0), free=Room(0, 0), running=running)
+    assert big.seconds == pytest.approx(2.0 * (20 + 30) / 40)
+    # Never sooner than the fallback itself.
+    lone = RetryForecast(ReleaseRate(), fallback_s=2.0)
+    assert lone.advise(0, need=Room(1, 1), ahead=Room(0, 0), free=Room(0, 0),
+                       running=Room(8, 80)).seconds == 2.0  # fmt: skip
+
+
+def test_a_newcomer_is_kept_out_only_by_the_places_due_while_it_would_wait():
+    forecast = rated(seqs_per_s=2.0, blocks_per_seq=5)
+    due = [
+        10.0 + forecast.advise(10.0, need=Room(1, 5), ahead=Room(0, 0), free=Room(0, 0)).seconds
+        for _ in range(6)
+    ]  # one release apart
+    per_s = forecast.rate.seqs_per_second(10.0)
+    assert per_s is not None
+    # Through a line of 4 in 4 releases: the places due by then are kept from a newcomer,
+    # the later ones not (it would have left the line before they come back).
+    kept = forecast.held_places(10.0, line=4)
+    assert kept == sum(1 for d in due if d <= 10.0 + 4 / per_s) == 4

@@ -227,3 +227,45 @@ def test_only_foreign_load_on_a_healthy_engine_asks_for_fresh_figures() -> None:
     pool.mark_unhealthy("e", "down", retry_at=0.0)  # its figures are unknown, not stale
     state.foreign = Foreign(seqs=0, blocks=3)  # as if left over: the health check decides
     assert not pool.want_fresh(["e"])
+
+
+async def test_a_retry_finds_the_place_its_advice_promised() -> None:
+    # A line of one: a request refused for a full line is told when to come back, and its
+    # place is kept until then; a newcomer arriving meanwhile is refused although the line
+    # has emptied, and the retry, back when told, waits in line instead of being refused
+    # again.
+    now = [0.0]
+    store = InMemoryStore(Router(), random.Random(0), clock=lambda: now[0])
+    sched = Scheduler(
+        store=store,
+        pool=EnginePool([ENGINE]),
+        kv_ceiling=1.0,
+        max_length=1,
+        max_wait_s=600.0,
+        retry_fallback_s=2.0,
+        rate=ReleaseRate(10.0),
+        clock=lambda: now[0],
+    )
+    held = await sched.admit(ask(8))
+    waiter = asyncio.ensure_future(sched.admit(ask(8)))
+    await asyncio.sleep(0.05)
+    assert await store.queue_length() == 1
+    with pytest.raises(RateLimited) as refused:
+        await sched.admit(ask(8))
+    assert refused.value.code == "queue_full"
+    advised = refused.value.retry.seconds
+    waiter.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiter
+    assert await store.queue_length() == 0
+    now[0] = advised / 2
+    with pytest.raises(RateLimited) as newcomer:
+        await sched.admit(ask(8))
+    assert newcomer.value.code == "queue_full"  # the place is the retry's
+    now[0] = advised
+    retry = asyncio.ensure_future(sched.admit(ask(8)))
+    await asyncio.sleep(0.05)
+    assert not retry.done() and await store.queue_length() == 1  # waiting in line
+    await sched.release(held)
+    lease = await asyncio.wait_for(retry, 2.0)
+    await sched.release(lease)
