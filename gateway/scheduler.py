@@ -125,12 +125,19 @@ class Scheduler:
             await self._refuse_unless_waitable(ask, first)
             entry = QueueEntry(ask.id, ask.tenant, ask.engines, ask.blocks, self.max_wait_s)
             leftover = True  # until the store says no: its answer may be lost (Redis timeout)
-            verdict = await self.store.enqueue(entry, self._line_places(claimed))
+            places = self._line_places(claimed)
+            verdict = await self.store.enqueue(entry, places)
             if verdict != "queued":
                 leftover = False
                 who = "the gateway's" if verdict == "queue_full" else f"tenant {ask.tenant.name}'s"
+                kept = self.max_length - places
+                why = (
+                    f" ({kept} of its places kept for retries it advised earlier)"
+                    if kept and verdict == "queue_full"
+                    else ""
+                )
                 raise RateLimited(
-                    f"{who} queue is full; no engine has room for this request's "
+                    f"{who} queue is full{why}; no engine has room for this request's "
                     f"{ask.blocks} KV blocks now.",
                     code="queue_full",
                     retry=await self._advice(ask, queued=False),

@@ -262,6 +262,7 @@ async def test_a_retry_finds_the_place_its_advice_promised() -> None:
     with pytest.raises(RateLimited) as newcomer:
         await sched.admit(ask(8))
     assert newcomer.value.code == "queue_full"  # the place is the retry's
+    assert "1 of its places kept for retries it advised earlier" in newcomer.value.message
     now[0] = advised
     retry = asyncio.ensure_future(sched.admit(ask(8)))
     await asyncio.sleep(0.05)
