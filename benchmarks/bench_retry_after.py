@@ -18,6 +18,7 @@ release after the refusal (the first answer the client side saw end after it) â€
 
     .venv/bin/python benchmarks/bench_retry_after.py                 # ~2 min
     .venv/bin/python benchmarks/bench_retry_after.py --json out.json
+    .venv/bin/python benchmarks/bench_retry_after.py --workers 2   # serve --workers 2, Redis
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from __future__ import annotations
 import argparse
 import bisect
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -32,7 +34,9 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from bench_overhead import Child, machine, start_engine, start_gateway
+from bench_overhead import STARTUP_TIMEOUT_S, Child, machine, start_engine
+
+from gateway.harness import GatewayProcess
 
 ENGINE = {"num_gpu_blocks": 201, "block_size": 16, "max_num_seqs": 16, "max_model_len": 2048}
 QUEUE = {"max_length": 4, "max_wait_s": 5}
@@ -51,7 +55,13 @@ def scenario_args(name: str, requests: int, clients: int) -> list[str]:
 
 
 def measure(
-    name: str, requests: int, clients: int, seed: int, keep: Path | None = None
+    name: str,
+    requests: int,
+    clients: int,
+    seed: int,
+    keep: Path | None = None,
+    workers: int = 1,
+    redis_url: str = "redis://127.0.0.1:6379",
 ) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="bench-retry-") as tmp:
         workdir = Path(tmp)
@@ -65,8 +75,15 @@ def measure(
                 "queue": QUEUE,
                 "admission": {"kv_ceiling": 0.95},
             }
-            gateway, gateway_url = start_gateway(workdir, cfg)
-            children.append(gateway)
+            args: list[str] = []
+            if workers > 1:  # several processes share their state through Redis
+                cfg["redis"] = {"url": redis_url, "key_prefix": f"bench-retry-{os.getpid()}"}
+                args = ["--workers", str(workers)]
+            process = GatewayProcess(
+                cfg, workdir, args=args, startup_timeout_s=STARTUP_TIMEOUT_S, own_group=True
+            )
+            children.append(process.start())
+            gateway_url = process.url
             out = workdir / "run.json"
             command = [
                 sys.executable, "-m", "gateway.cli", "loadtest", "run",
@@ -149,13 +166,17 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--json", type=Path)
     parser.add_argument("--keep", type=Path, help="keep the load tool's JSON reports here")
+    parser.add_argument("--workers", type=int, default=1, help="serve --workers N (Redis)")
+    parser.add_argument("--redis-url", default="redis://127.0.0.1:6379")
     args = parser.parse_args()
     print(f"machine: {machine()}")
     print(f"engine {ENGINE}, queue {QUEUE}, {INPUT_LEN} + {OUTPUT_LEN} tokens, --retry-429 1")
     results = {}
     for name in args.scenarios.split(","):
         requests = args.burst_requests if name == "burst" else args.closed_requests
-        results[name] = measure(name, requests, args.clients, args.seed, args.keep)
+        results[name] = measure(
+            name, requests, args.clients, args.seed, args.keep, args.workers, args.redis_url
+        )
         print(f"{name}: {json.dumps(results[name])}", flush=True)
     if args.json:
         args.json.write_text(json.dumps(results, indent=1) + "\n", encoding="utf-8")
