@@ -123,15 +123,13 @@ class Service:
         self._policy = prediction or PredictionPolicy()
         self.output_lengths = {model: OutputLengths(self._policy) for model in counters}
         self._tenant_lengths: dict[tuple[str, str], OutputLengths] = {}
-        # `adaptive`: per model, the reservation steered by its engines' preemptions, the
-        # preemption total last seen on them, and the requests completed (it steers only
-        # after `warmup_requests`).
+        # `adaptive`: per model, the reservation steered by its engines' preemptions, and the
+        # preemption total last seen on them.
         steer = adaptive or AdaptivePolicy()
         self.adaptive = {
             model: AdaptiveReservation(steer, self._policy.quantile) for model in counters
         }
         self._preemptions_seen: dict[str, int] = {}
-        self._completed: dict[str, int] = {}
 
     async def admit(
         self,
@@ -277,10 +275,7 @@ class Service:
         own.observe(per_seq)
         steered = self.adaptive.get(model)
         if steered is not None:
-            preemptions = self._new_preemptions(model)
-            completed = self._completed[model] = self._completed.get(model, 0) + 1
-            if completed > steered.policy.warmup_requests:
-                steered.observe(completed=1, preemptions=preemptions)
+            steered.observe(completed=1, preemptions=self._new_preemptions(model))
 
     def _new_preemptions(self, model: str) -> int:
         """Preemptions on the model's engines since the last call (their counters as last

@@ -143,8 +143,8 @@ class AdaptivePolicy:
     mean excess over the quantile is added, see `AdaptiveReservation`), below 0 a lower
     quantile (down to `min_quantile`), beyond `max_margin` a higher one (up to 1). A
     preemption moves it `step` up; a completed request `step × target / 1000` down. It
-    starts at `start_margin` and steers only after `warmup_requests` completed requests
-    (the service counts them), so that a cold start's preemptions are not owed."""
+    starts at `start_margin` and steers only after `warmup_requests` completed requests,
+    so that a cold start's preemptions are not owed."""
 
     target_per_1000: float = 1.0
     start_margin: float = 6.0
@@ -190,6 +190,7 @@ class AdaptiveReservation:
         self.policy = policy
         self.base_quantile = quantile
         self.position = policy.start_margin
+        self.completed = 0  # requests seen to complete, the warm-up's included
         self._lowest = min(0.0, (policy.min_quantile - quantile) / QUANTILE_PER_MARGIN)
         self._highest = policy.max_margin + max(0.0, (1.0 - quantile) / QUANTILE_PER_MARGIN)
 
@@ -211,9 +212,12 @@ class AdaptiveReservation:
 
     def observe(self, *, completed: int = 0, preemptions: int = 0) -> None:
         """`completed` requests finished and the engines preempted `preemptions` times since
-        the last call."""
+        the last call. Nothing moves until more than `warmup_requests` have completed."""
         if completed < 0 or preemptions < 0:
             raise ValueError("counts cannot be negative")
+        self.completed += completed
+        if self.policy.warmup_requests and self.completed <= self.policy.warmup_requests:
+            return
         step = self.policy.step
         moved = step * preemptions - step * self.policy.target_per_1000 / 1000 * completed
         # Held within its range: time spent at an end is not owed (no wind-up).

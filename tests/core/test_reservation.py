@@ -190,7 +190,17 @@ def test_excess_matches_its_definition(xs, window, quantile):
 
 
 def steer(**kwargs) -> AdaptiveReservation:
+    kwargs.setdefault("warmup_requests", 0)
     return AdaptiveReservation(AdaptivePolicy(**kwargs), 0.9)
+
+
+def test_nothing_moves_during_the_warm_up():
+    a = steer(warmup_requests=3, start_margin=6)
+    a.observe(completed=1, preemptions=20)  # a cold start's burst: not owed
+    a.observe(completed=2, preemptions=5)
+    assert a.margin == 6 and a.completed == 3
+    a.observe(completed=1, preemptions=1)  # the fourth: steered
+    assert a.margin == pytest.approx(6 + 0.1 - 0.1 / 1000)
 
 
 def test_the_position_moves_margin_then_quantile():
