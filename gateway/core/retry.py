@@ -19,10 +19,11 @@ time the requests running now take to end: the same deficit is counted in such
 
 A promise also holds a place in the line (`held_places`) until its client comes back (the
 first arrival after it is due claims it, `claim`) or `PROMISE_GRACE_S` after it was due:
-the refused stand in a line of their own, in the order they were advised. A newcomer may
-take a place in the real line only when no promise is pending, and a retry only when none
-due before its own is; otherwise requests arriving meanwhile fill the line again and the
-advised retry is refused a second time, its advice made worthless by newcomers.
+the refused stand in a line of their own, in the order they were advised. A retry is kept
+out of the real line only by the places promised before its own, a newcomer by those due
+before it would be through the line (every one before a release rate is known); otherwise
+requests arriving meanwhile fill the line again and the advised retry is refused a second
+time, its advice made worthless by newcomers.
 """
 
 from __future__ import annotations

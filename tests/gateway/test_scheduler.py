@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import random
+import time
+from collections.abc import Callable
 
 import pytest
 
@@ -59,15 +61,24 @@ class SlowAnswers(InMemoryStore):
         return await super().release(lease, used_tokens)
 
 
-def scheduler(store: InMemoryStore) -> Scheduler:
+def scheduler(
+    store: InMemoryStore,
+    *,
+    pool: EnginePool | None = None,
+    max_length: int = 10,
+    max_wait_s: float = 5.0,
+    retry_fallback_s: float = 1.0,
+    clock: Callable[[], float] = time.monotonic,
+) -> Scheduler:
     return Scheduler(
         store=store,
-        pool=EnginePool([ENGINE]),
+        pool=pool or EnginePool([ENGINE]),
         kv_ceiling=1.0,
-        max_length=10,
-        max_wait_s=5.0,
-        retry_fallback_s=1.0,
+        max_length=max_length,
+        max_wait_s=max_wait_s,
+        retry_fallback_s=retry_fallback_s,
         rate=ReleaseRate(10.0),
+        clock=clock,
     )
 
 
@@ -139,15 +150,8 @@ async def test_a_waiter_past_half_its_wait_takes_no_staged_slot() -> None:
     now = [0.0]
     store = InMemoryStore(Router(), random.Random(0), clock=lambda: now[0])
     one = EngineSpec("e", "http://e", frozenset({"m"}), 11, 16, 1, 2048)
-    sched = Scheduler(
-        store=store,
-        pool=EnginePool([one], staged_seqs=1),
-        kv_ceiling=1.0,
-        max_length=10,
-        max_wait_s=10.0,
-        retry_fallback_s=1.0,
-        rate=ReleaseRate(10.0),
-        clock=lambda: now[0],
+    sched = scheduler(
+        store, pool=EnginePool([one], staged_seqs=1), max_wait_s=10.0, clock=lambda: now[0]
     )
     running = await sched.admit(ask(2))
     staged = await sched.admit(ask(2))  # a newcomer may be staged
@@ -236,15 +240,8 @@ async def test_a_retry_finds_the_place_its_advice_promised() -> None:
     # again.
     now = [0.0]
     store = InMemoryStore(Router(), random.Random(0), clock=lambda: now[0])
-    sched = Scheduler(
-        store=store,
-        pool=EnginePool([ENGINE]),
-        kv_ceiling=1.0,
-        max_length=1,
-        max_wait_s=600.0,
-        retry_fallback_s=2.0,
-        rate=ReleaseRate(10.0),
-        clock=lambda: now[0],
+    sched = scheduler(
+        store, max_length=1, max_wait_s=600.0, retry_fallback_s=2.0, clock=lambda: now[0]
     )
     held = await sched.admit(ask(8))
     waiter = asyncio.ensure_future(sched.admit(ask(8)))
