@@ -3,7 +3,7 @@ waiting requests, and how many decisions one release causes.
 
     nice -n 0 .venv/bin/python benchmarks/bench_admission_scale.py [--trees A,B] [--rounds 2]
                                                 [--seconds 3] [--stores memory,redis]
-                                                [--pairs 16]
+                                                [--pairs 16] [--asks candidates,grouped]
 
 Decision cost, for each engines x tenants x waiting shape of the issue's table: a store with
 that many engines (8 blocks each way plus room to spare), each tenant admitted one 8-block
@@ -11,7 +11,10 @@ lease and every second one released again (all active: holding, or seen within t
 window), `waiting` entries in the line (from the tenants in turn, for every engine); then
 asks of 8 blocks over all engines from the tenants in turn (an admitted one is released
 again, untimed), p50 / p99 of each `try_admit` call. The clock is injected and moves 1 ms
-per decision, so nobody ages out of the window.
+per decision, so nobody ages out of the window. `--asks`: in-process, the asks as one
+candidate per engine (every engine scored), or grouped (`AdmissionAsk.group`: the store
+keeps the engines ordered; a tree without it reports "unsupported"); the Redis store
+scores every engine either way (it expands a grouped ask).
 
 Decisions per release: `waiters` requests wait in `gateway.scheduler.Scheduler.admit` (one
 full engine, each wants all of it); one lease is released and the `try_admit` calls until
@@ -93,7 +96,9 @@ def _scenario(engines: int, tenants: int, waiting: int) -> tuple[Any, frozenset[
     return candidates, names, [TenantPolicy(name=f"t{i}") for i in range(tenants)]
 
 
-async def decisions(engines: int, tenants: int, waiting: int, seconds: float) -> dict[str, Any]:
+async def decisions(
+    engines: int, tenants: int, waiting: int, seconds: float, form: str = "candidates"
+) -> dict[str, Any]:
     from gateway.core.routing import Router
     from gateway.core.types import TenantPolicy
     from gateway.state.base import AdmissionAsk, Lease, QueueEntry
@@ -102,8 +107,16 @@ async def decisions(engines: int, tenants: int, waiting: int, seconds: float) ->
     clock = Clock()
     store = InMemoryStore(Router(), random.Random(0), clock=clock)
     candidates, names, policies = _scenario(engines, tenants, waiting)
+    grouped = form == "grouped"
+    if grouped:
+        if not hasattr(store, "set_group"):
+            return {"shape": f"{engines}x{tenants}x{waiting}", "asks": form, "unsupported": True}
+        await store.set_views([c.view for c in candidates])
+        await store.set_group("all", names, 1.0)
 
     def ask(i: int, policy: TenantPolicy) -> AdmissionAsk:
+        if grouped:
+            return AdmissionAsk(f"ask-{i}", tenant=policy, group="all", need=candidates[0].need)
         return AdmissionAsk(f"ask-{i}", candidates, 1.0, policy)
 
     for i, policy in enumerate(policies):
@@ -133,6 +146,7 @@ async def decisions(engines: int, tenants: int, waiting: int, seconds: float) ->
         i += 1
     return {
         "shape": f"{engines}x{tenants}x{waiting}",
+        "asks": form,
         "calls": len(times),
         "p50_us": round(statistics.median(times), 1),
         "p99_us": round(_percentile(times, 0.99), 1),
@@ -431,8 +445,9 @@ def measure(kind: str, arg: str, seconds: float) -> dict[str, Any]:
     import gateway
 
     if kind == "decisions":
-        e, t, w = (int(x) for x in arg.split("x"))
-        got = asyncio.run(decisions(e, t, w, seconds))
+        shape, _, form = arg.partition(":")
+        e, t, w = (int(x) for x in shape.split("x"))
+        got = asyncio.run(decisions(e, t, w, seconds, form or "candidates"))
     elif kind == "redis":
         e, t, w = (int(x) for x in arg.split("x"))
         got = asyncio.run(redis_decisions(e, t, w, seconds, os.environ[REDIS_URL]))
@@ -474,6 +489,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--renewals", default="1000,10000", help="leases per renewal round (Redis)")
     p.add_argument("--pairs", default="", help="admit + release pairs at once (Redis)")
     p.add_argument("--stores", default="memory", help="memory, redis, or both (comma-separated)")
+    p.add_argument(
+        "--asks",
+        default="candidates,grouped",
+        help="in-process ask forms: candidates (one per engine), grouped (AdmissionAsk.group)",
+    )
     p.add_argument("--child", nargs=2, metavar=("KIND", "ARG"), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.child:
@@ -490,7 +510,8 @@ def main(argv: list[str] | None = None) -> int:
     stores = {s for s in args.stores.split(",") if s}
     jobs = []
     if "memory" in stores:
-        jobs += [("decisions", s) for s in args.shapes.split(",") if s]
+        forms = [f for f in args.asks.split(",") if f]
+        jobs += [("decisions", f"{s}:{f}") for s in args.shapes.split(",") if s for f in forms]
         jobs += [("release", w) for w in args.waiters.split(",") if w]
     server = None
     if "redis" in stores:

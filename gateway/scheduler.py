@@ -8,14 +8,15 @@ capacity may have changed, a deadline, and clean-up when a client leaves.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import time
+from collections import Counter
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from gateway.core.retry import ReleaseRate, RetryAdvice, RetryForecast, Room
-from gateway.core.routing import Candidate
-from gateway.core.types import DEFAULT_TENANT, EngineLoad, EngineView, Footprint, TenantPolicy
+from gateway.core.types import DEFAULT_TENANT, EngineLoad, Footprint, TenantPolicy
 from gateway.engines.pool import EnginePool
 from gateway.errors import NoEngine, RateLimited
 from gateway.state.base import (
@@ -27,6 +28,13 @@ from gateway.state.base import (
 )
 
 log = logging.getLogger(__name__)
+
+
+def engine_group(engines: frozenset[str]) -> str:
+    """The store's name for a set of engines (`StateStore.set_group`): the same on every
+    replica, short enough for a Redis key."""
+    return "g-" + hashlib.sha1("\n".join(sorted(engines)).encode()).hexdigest()[:16]
+
 
 # Waiters not behind anyone re-check at least this often even without a change notice
 # (engine health and reported usage change without releases).
@@ -70,9 +78,18 @@ class Ask:
     tokens: int = 0
     tenant_max_blocks: int | None = None
     engines: frozenset[str] = field(init=False)
+    # The grouped form (`AdmissionAsk.group`): the footprint on most of its engines, and
+    # the engines where it differs (another block size, blocks expected cached there).
+    need: Footprint = field(init=False, repr=False, compare=False)
+    exceptions: tuple[tuple[str, Footprint], ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "engines", frozenset(self.needs))
+        common = Counter(self.needs.values()).most_common(1)
+        need = common[0][0] if common else Footprint(0, 1, 0)
+        exceptions = tuple(sorted((n, f) for n, f in self.needs.items() if f != need))
+        object.__setattr__(self, "need", need)
+        object.__setattr__(self, "exceptions", exceptions)
 
     @property
     def blocks(self) -> int:
@@ -108,6 +125,7 @@ class Scheduler:
         self.clock = clock
         self.waiting: dict[str, float] = {}
         """This process's requests in the line, by ask id: when each began to wait."""
+        self._groups: dict[frozenset[str], str] = {}  # engine sets named in the store
 
     async def admit(self, ask: Ask) -> Lease:
         """A lease on some engine, after waiting if needed; raises `RateLimited` (429), or
@@ -233,26 +251,31 @@ class Scheduler:
         await self.store.release(Lease(id=ask_id, engine="", blocks=0, seqs=0))
 
     async def _try(self, ask: Ask, *, queued: bool, stage: bool = True) -> Lease | Refusal:
-        candidates = tuple(
-            Candidate(view=self._view(name, stage), need=need)
-            for name, need in sorted(ask.needs.items())
-            if self.pool.get(name) is not None
-        )
+        """One decision, as a grouped ask (`AdmissionAsk.group`): the store is first given
+        the views that changed since the last decision and, the first time, the group of
+        the request's engines; it need not read every engine to decide."""
+        changed = self.pool.changed_views()
+        if changed:
+            await self.store.set_views(changed)
+        group = self._groups.get(ask.engines)
+        if group is None:
+            group = engine_group(ask.engines)
+            await self.store.set_group(group, ask.engines, self.kv_ceiling)
+            self._groups[ask.engines] = group
         return await self.store.try_admit(
             AdmissionAsk(
                 lease_id=ask.id,
-                candidates=candidates,
                 kv_ceiling=self.kv_ceiling,
                 tenant=ask.tenant,
                 tokens=ask.tokens,
                 tenant_max_blocks=ask.tenant_max_blocks,
                 queued=queued,
+                group=group,
+                need=ask.need,
+                exceptions=ask.exceptions,
+                staged=stage,
             )
         )
-
-    def _view(self, name: str, stage: bool) -> EngineView:
-        view = self.pool.view(name, EngineLoad())
-        return view if stage or not view.staged_seqs else replace(view, staged_seqs=0)
 
     async def _refuse_unless_waitable(self, ask: Ask, refusal: Refusal) -> None:
         if refusal.waitable:

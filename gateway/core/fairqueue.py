@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Callable, Iterable
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -275,7 +276,7 @@ class FairQueue:
     def blocked(
         self,
         key: Key,
-        engines: frozenset[str],
+        engines: AbstractSet[str],
         own_id: str | None = None,
         passable: Callable[[Waiting], bool] | None = None,
     ) -> bool:
@@ -286,7 +287,7 @@ class FairQueue:
     def blocker(
         self,
         key: Key,
-        engines: frozenset[str],
+        engines: AbstractSet[str],
         own_id: str | None = None,
         passable: Callable[[Waiting], bool] | None = None,
     ) -> Waiting | None:
@@ -297,7 +298,11 @@ class FairQueue:
         ahead = self._order.irange(maximum=(key,), inclusive=(True, False), reverse=True)
         for _, entry_id in ahead:
             e = self._entries[entry_id]
-            if e.engines & engines and e.id != own_id and (passable is None or not passable(e)):
+            if (
+                not e.engines.isdisjoint(engines)
+                and e.id != own_id
+                and (passable is None or not passable(e))
+            ):
                 return e
         return None
 

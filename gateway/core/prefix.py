@@ -183,6 +183,15 @@ class PrefixHolds:
 
     def __init__(self) -> None:
         self._counts: dict[str, dict[BlockHash, int]] = {}
+        # The engines holding each lease's first hash: where `leading` may be above 0
+        # (a held hash's parents are held too), found without visiting every engine.
+        self._first: dict[BlockHash, set[str]] = {}
+
+    def holders(self, hashes: Sequence[BlockHash]) -> frozenset[str]:
+        """The engines where `leading(engine, hashes)` may be above 0."""
+        if not hashes:
+            return frozenset()
+        return frozenset(self._first.get(hashes[0], ()))
 
     def leading(self, engine: str, hashes: Sequence[BlockHash]) -> int:
         """How many of `hashes`, from the first, live leases on `engine` hold."""
@@ -194,6 +203,7 @@ class PrefixHolds:
         if not hashes:
             return 0
         counts = self._counts.setdefault(engine, {})
+        self._first.setdefault(hashes[0], set()).add(engine)
         new = 0
         for h in hashes:
             held = counts.get(h, 0)
@@ -215,6 +225,12 @@ class PrefixHolds:
                 freed += 1
             else:
                 counts[h] = held - 1
+        if hashes and (counts is None or hashes[0] not in counts):
+            first = self._first.get(hashes[0])
+            if first is not None:
+                first.discard(engine)
+                if not first:
+                    del self._first[hashes[0]]
         if counts is not None and not counts:
             del self._counts[engine]
         return freed

@@ -123,12 +123,16 @@ class Router:
             for name in scorer_names
         )
 
+    def score(self, candidate: Candidate, kv_ceiling: float) -> tuple[float, ...]:
+        """The candidate's score by each scorer in turn (higher is better)."""
+        return tuple(s(candidate, kv_ceiling) for s in self._scorers)
+
     def pick(
         self, candidates: Sequence[Candidate], kv_ceiling: float, chooser: Chooser
     ) -> Candidate | None:
         eligible = [c for c in candidates if fits(c, kv_ceiling)]
         if not eligible:
             return None
-        scored = [(tuple(s(c, kv_ceiling) for s in self._scorers), c) for c in eligible]
+        scored = [(self.score(c, kv_ceiling), c) for c in eligible]
         best = max(score for score, _ in scored)
         return chooser.choice([c for score, c in scored if score == best])

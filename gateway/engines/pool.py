@@ -63,6 +63,20 @@ class EngineState:
     # forgotten: gateway/core/prefix.py PrefixIndex).
     epoch: int = 0
     started: float | None = None  # process_start_time_seconds at the last scrape
+    # The pool's set of engines whose view may have changed (`EnginePool.changed_views`):
+    # setting any field a view reads adds this engine to it, wherever it is set from.
+    dirty: set[str] | None = field(default=None, repr=False, compare=False)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        object.__setattr__(self, name, value)
+        if name in _VIEW_FIELDS:
+            dirty = self.__dict__.get("dirty")
+            if dirty is not None:
+                dirty.add(self.spec.name)
+
+
+_VIEW_FIELDS = frozenset({"spec", "healthy", "foreign", "full_until", "runs_beyond_max"})
+"""The fields of `EngineState` that `EnginePool.view` reads."""
 
 
 class EnginePool:
@@ -80,6 +94,28 @@ class EnginePool:
             for s in specs
         }
         self._fresh_wanted = asyncio.Event()
+        self._dirty: set[str] = set(self._engines)  # every view is new to a store
+        self._full: dict[str, float] = {}  # engines refused as full: until when
+        for e in self._engines.values():
+            e.dirty = self._dirty
+
+    def changed_views(self) -> list[EngineView]:
+        """The views (with no load) of the engines whose view may have changed since the
+        last call: a field it reads was set (a scrape, an ejection, a refusal, a request
+        ending) or the time an engine was held as full is up. What a store that keeps the
+        engines' views is given (`StateStore.set_views`), so that a decision need not read
+        every engine."""
+        if self._full:
+            now = self.clock()
+            for name, until in list(self._full.items()):
+                if now >= until:
+                    del self._full[name]
+                    self._dirty.add(name)
+        if not self._dirty:
+            return []
+        names = sorted(self._dirty)
+        self._dirty.clear()
+        return [self.view(name, EngineLoad()) for name in names if name in self._engines]
 
     def want_fresh(self, names: Iterable[str]) -> bool:
         """A request waits for room on `names`: if one of them carries load the gateway
@@ -152,12 +188,14 @@ class EnginePool:
         e = self._engines.get(name)
         if e is not None:
             e.full_until = self.clock() + hold_s
+            self._full[name] = e.full_until
 
     def ended(self, name: str) -> None:
         """One of the gateway's requests on the engine ended: its front door has room again."""
         e = self._engines.get(name)
-        if e is not None:
+        if e is not None and e.full_until:
             e.full_until = 0.0
+            self._full.pop(name, None)
 
     def mark_unhealthy(self, name: str, reason: str, *, retry_at: float) -> None:
         e = self._engines[name]

@@ -30,7 +30,7 @@ from typing import Literal, Protocol
 
 from gateway.core.routing import Candidate
 from gateway.core.tenants import RateLimitValues
-from gateway.core.types import DEFAULT_TENANT, EngineLoad, TenantPolicy
+from gateway.core.types import DEFAULT_TENANT, EngineLoad, EngineView, Footprint, TenantPolicy
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,19 +67,33 @@ class Lease:
 
 @dataclass(frozen=True, slots=True)
 class AdmissionAsk:
-    """Everything `try_admit` needs: one candidate per engine the request may use.
+    """Everything `try_admit` needs: the engines the request may use, in one of two forms.
+
+    - `candidates`: one per engine, its view as the caller sees it and the request's
+      footprint there (every engine is read at every decision).
+    - The grouped form (`group` not None; issue 14, docs/engine-index.md): the engines of
+      `group`, as the store was told with `set_group`, their views as last given with
+      `set_views`; the request's footprint is `need` on each of them except the engines
+      named in `exceptions` (another block size, blocks it expects cached there); `staged`
+      False leaves out their staged sequence slots (`EngineView.staged_seqs`). A store
+      keeping the engines ordered decides without visiting all of them; one that does not
+      expands the ask into candidates (`EngineBook.candidates`), with the same result.
 
     `tenant_max_blocks` is the tenant's `kv_share` turned into blocks by the caller (a
     fraction of all engines' usable blocks); None means no share limit. `queued` is True
     when the ask belongs to an entry placed with `enqueue` (it may then pass itself)."""
 
     lease_id: str
-    candidates: tuple[Candidate, ...]
-    kv_ceiling: float
+    candidates: tuple[Candidate, ...] = ()
+    kv_ceiling: float = 1.0
     tenant: TenantPolicy = DEFAULT_TENANT
     tokens: int = 0
     tenant_max_blocks: int | None = None
     queued: bool = False
+    group: str | None = None
+    need: Footprint | None = None
+    exceptions: tuple[tuple[str, Footprint], ...] = ()
+    staged: bool = True
 
 
 RefusalCode = Literal[
@@ -148,6 +162,17 @@ QueueVerdict = Literal["queued", "queue_full", "tenant_queue_full"]
 class StateStore(Protocol):
     async def try_admit(self, ask: AdmissionAsk) -> Lease | Refusal:
         """Reserve on the best candidate that fits right now, or say why not."""
+        ...
+
+    async def set_views(self, views: Sequence[EngineView]) -> None:
+        """The engines' views as the caller sees them now (for grouped asks; their `load`
+        is ignored: the store has its own). Only the engines whose view changed need be
+        given."""
+        ...
+
+    async def set_group(self, group: str, engines: frozenset[str], kv_ceiling: float) -> None:
+        """Name a set of engines for grouped asks (`AdmissionAsk.group`), with the KV
+        ceiling its asks use. Engines without a view (`set_views`) are left out."""
         ...
 
     async def release(self, lease: Lease, used_tokens: int | None = None) -> bool:

@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 from gateway.core.routing import Candidate
-from gateway.core.types import EngineLoad, TenantPolicy
+from gateway.core.types import EngineLoad, EngineView, TenantPolicy
 from gateway.state.base import (
     AdmissionAsk,
     Lease,
@@ -63,6 +63,7 @@ class FailOpenLocal:
     async def try_admit(self, ask: AdmissionAsk) -> Lease | Refusal:
         self._start()
         await self._adopt()
+        ask = self.shared.engines.expand(ask)  # both stores see it as Redis does
         try:
             return await self.shared.try_admit(ask)
         except StateUnavailable:
@@ -71,6 +72,12 @@ class FailOpenLocal:
                 # Charged to the local buckets: Redis must not refund what it never charged.
                 self._outage[result.id] = (result, replace(ask.tenant, tpm=None))
             return result
+
+    async def set_views(self, views: Sequence[EngineView]) -> None:
+        await self.shared.set_views(views)
+
+    async def set_group(self, group: str, engines: frozenset[str], kv_ceiling: float) -> None:
+        await self.shared.set_group(group, engines, kv_ceiling)
 
     async def release(self, lease: Lease, used_tokens: int | None = None) -> bool:
         if lease.id in self._outage:

@@ -14,15 +14,16 @@ import contextlib
 import random
 import time
 from collections.abc import Callable, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, replace
 
 from gateway.core import headroom as room
 from gateway.core import tenants
 from gateway.core.fairqueue import BURST_BLOCKS, FairQueue, Waiting
 from gateway.core.prefix import PrefixHolds
-from gateway.core.routing import Candidate, Chooser, Router
+from gateway.core.routing import Candidate, Chooser, Router, fits
 from gateway.core.tenants import TenantUsage
-from gateway.core.types import EngineLoad, TenantPolicy
+from gateway.core.types import EngineLoad, EngineView, Footprint, TenantPolicy
 from gateway.state.active import ActiveTenants, Unused
 from gateway.state.base import (
     AdmissionAsk,
@@ -33,10 +34,22 @@ from gateway.state.base import (
     RateLimitState,
     Refusal,
 )
+from gateway.state.engines import OrderedEngines, OrderedGroup, unstaged
 from gateway.state.totals import StoreTotals
 from gateway.state.wakeups import BehindWaiters
 
 _NO_LOAD = EngineLoad()
+_UNORDERED = object()  # `_choose_ordered`: this ask needs every engine scored
+
+
+def _ordered_routing(scorers: Sequence[str]) -> str | None:
+    """How an engine order ranks as these scorers do: "running" (most free blocks, then
+    fewest running: the default), "free" (most free blocks alone), None (another ranking:
+    grouped asks are then expanded and every engine scored)."""
+    if not scorers or scorers[0] not in ("most_free_after", "most_free_blocks"):
+        return None
+    rest = tuple(scorers[1:])
+    return "running" if rest == ("fewest_running",) else "free" if not rest else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,6 +145,8 @@ class InMemoryStore:
         self._holds = PrefixHolds()  # prefix blocks the leases hold, per engine
         self._changed = asyncio.Event()
         self._behind = BehindWaiters()  # `wait_behind` callers (this store's calls report)
+        self._engines = OrderedEngines(lambda name: self._loads.get(name, _NO_LOAD))
+        self._ordered_routing = _ordered_routing(router.scorer_names)
 
     async def try_admit(self, ask: AdmissionAsk) -> Lease | Refusal:
         if ask.lease_id in self._held:
@@ -149,29 +164,35 @@ class InMemoryStore:
         )
         if refused is not None:
             return Refusal(refused.code, refused.retry_after_s)
+        if ask.group is not None:
+            ordered = self._engines.ordered.get(ask.group)
+            if ordered is not None and self._orderable(ask, ordered):
+                chosen = self._choose_ordered(ask, ordered, usage, now)
+                if isinstance(chosen, Refusal):
+                    return chosen
+                if isinstance(chosen, Candidate):
+                    return self._grant(ask, usage, now, chosen)
+            ask = self._engines.expand(ask)
+        chosen = self._choose(ask, usage, now)
+        if not isinstance(chosen, Candidate):
+            return chosen
+        return self._grant(ask, usage, now, chosen)
+
+    def _choose(self, ask: AdmissionAsk, usage: TenantUsage, now: float) -> Candidate | Refusal:
+        """The engine for an ask with candidates: every one of them scored."""
         credited = [self._credited(c) for c in ask.candidates]
         within_share = [
             c for c in credited if tenants.share_allows(usage, c.need.blocks, ask.tenant_max_blocks)
         ]
         if ask.candidates and not within_share:
             return Refusal("tenant_kv_share")
-        own = self._line.get(ask.lease_id) if ask.queued else None
-        key = (
-            own.key if own else self._line.newcomer_key(policy.name, policy.priority, policy.weight)
-        )
         engines = frozenset(c.view.spec.name for c in ask.candidates)
-        rule = self._headroom_rule(ask, usage.blocks, now)
-        passable = rule.passable if rule is not None else None
-        ahead = self._line.blocker(key, engines, own_id=ask.lease_id, passable=passable)
-        if ahead is not None:
-            may_pass = (  # another tenant's entry, that tenant holding blocks (headroom.py)
-                passable is not None
-                and ahead.tenant != policy.name
-                and self.tenant_blocks(ahead.tenant) > 0
-            )
-            return Refusal(
-                "queued_ahead", behind=Behind(ahead.id, max(0.0, ahead.expires_at - now), may_pass)
-            )
+        pool = sum(c.view.spec.capacity_blocks(ask.kv_ceiling) for c in ask.candidates)
+        need = max((c.need.blocks for c in ask.candidates), default=0)
+        rule = self._headroom_rule(ask, usage.blocks, now, pool, need)
+        behind = self._behind_whom(ask, engines, rule, now)
+        if behind is not None:
+            return behind
         views = [
             Candidate(
                 view=c.view.with_load(self._loads.get(c.view.spec.name, _NO_LOAD)), need=c.need
@@ -180,15 +201,157 @@ class InMemoryStore:
         ]
         if rule is not None:
             free = sum(max(0, c.view.free_blocks(ask.kv_ceiling)) for c in views)
-            total = ask.tenant.weight + rule.others
-            excess, claims = self._activity.claims(
-                policy.name, pool=rule.pool, total=total, limit=free, now=now
-            )
-            rule = replace(rule, pool_free=free, excess=excess, claims=claims)
+            rule = self._with_claims(rule, free, now)
             views = [c for c in views if rule.allows(c)]
         chosen = self._router.pick(views, ask.kv_ceiling, self._chooser)
-        if chosen is None:
+        return Refusal("no_capacity") if chosen is None else chosen
+
+    def _orderable(self, ask: AdmissionAsk, group: OrderedGroup) -> bool:
+        """Whether the group's order decides this grouped ask as scoring every engine
+        would: the ask's ceiling is the group's, the router ranks by free blocks (then
+        perhaps by running sequences), the request runs at least one sequence."""
+        need = ask.need
+        return (
+            self._ordered_routing is not None
+            and need is not None
+            and need.seqs >= 1
+            and ask.kv_ceiling == group.kv_ceiling
+        )
+
+    def _choose_ordered(
+        self, ask: AdmissionAsk, group: OrderedGroup, usage: TenantUsage, now: float
+    ) -> Candidate | Refusal | object:
+        """The engine for a grouped ask, from the group's order: the engines of the
+        exceptions (and those where live leases hold the request's prefix) are scored one
+        by one, the rest are ranked by the order, so only the engines ranked above the
+        choice that fail the router's filter or the headroom rule are visited. The same
+        choice as `_choose` on the expanded ask, or `_UNORDERED` where it would take more
+        than this (an exception outside the tenant's KV share)."""
+        assert ask.need is not None and self._ordered_routing is not None
+        need, ceiling, limit = ask.need, ask.kv_ceiling, ask.tenant_max_blocks
+        special = {n: f for n, f in ask.exceptions if n in group.present}
+        worst = max([need.blocks, *(f.blocks for f in special.values())])
+        for name in self._holds.holders(need.prefix):
+            if name in group.present:
+                special.setdefault(name, need)
+        exceptions = [
+            self._credited(self._candidate(name, footprint, ask.staged))
+            for name, footprint in special.items()
+        ]
+        common = tenants.share_allows(usage, need.blocks, limit)
+        if not common:
+            if not any(tenants.share_allows(usage, c.need.blocks, limit) for c in exceptions):
+                return Refusal("tenant_kv_share")
+            return _UNORDERED
+        if not all(tenants.share_allows(usage, c.need.blocks, limit) for c in exceptions):
+            return _UNORDERED
+        rule = self._headroom_rule(ask, usage.blocks, now, group.capacity, worst)
+        behind = self._behind_whom(ask, group.present, rule, now)
+        if behind is not None:
+            return behind
+        floor: float = need.blocks
+        over = False
+        if rule is not None:
+            rule = self._with_claims(rule, group.free, now)
+            over = room.over_share(
+                held=rule.held,
+                need=need.blocks,
+                average=rule.mine,
+                weight=ask.tenant.weight,
+                total=ask.tenant.weight + rule.others,
+                capacity=rule.pool,
+            )
+            if over:  # an engine passes only with headroom × its capacity free after it
+                floor = need.blocks + self.headroom * group.min_capacity
+            exceptions = [c for c in exceptions if rule.allows(c)]
+        built: dict[str, Candidate] = {}  # the engines read by this decision
+
+        def candidate(name: str) -> Candidate:
+            c = built.get(name)
+            if c is None:
+                c = built[name] = self._candidate(name, need, ask.staged)
+            return c
+
+        def passes(name: str) -> bool | None:
+            if name in special:
+                return False  # scored as an exception
+            c = candidate(name)
+            if not fits(c, ceiling):
+                return False
+            if rule is not None and not rule.allows(c):
+                # Within its share the rule does not depend on the engine: none passes.
+                return False if over else None
+            return True
+
+        router = self._router
+        first = group.order.first(passes, floor)
+        tied: Sequence[str] = ()
+        best = ranked = None
+        if first is not None:
+            by_running = self._ordered_routing == "running"
+            passing: list[Sequence[str]] = []
+            for part in group.order.tied(first, by_running=by_running):
+                # The engines of a part pass alike: one decides for all of it.
+                others = [name for name in part if name not in special] if special else part
+                if others and passes(others[0]):
+                    passing.append(others)
+            tied = passing[0] if len(passing) == 1 else sorted(n for p in passing for n in p)
+            best = ranked = router.score(candidate(first), ceiling)
+        scored = [(router.score(c, ceiling), c) for c in exceptions if fits(c, ceiling)]
+        if scored:
+            top = max(score for score, _ in scored)
+            best = top if best is None else max(best, top)
+        if best is None:
             return Refusal("no_capacity")
+        # As `Router.pick` over every engine: the best score, its ties in name order.
+        tied_exceptions = [(c.view.spec.name, c) for score, c in scored if score == best]
+        if not tied_exceptions:
+            return candidate(self._chooser.choice(tied))
+        if ranked == best:
+            ties = sorted([*((name, None) for name in tied), *tied_exceptions])
+            name, chosen = self._chooser.choice(ties)
+            return chosen if chosen is not None else candidate(name)
+        return self._chooser.choice(sorted(tied_exceptions))[1]
+
+    def _candidate(self, name: str, need: Footprint, staged: bool) -> Candidate:
+        view = self._engines.loaded(name)
+        assert view is not None
+        return Candidate(view if staged else unstaged(view), need)
+
+    def _behind_whom(
+        self, ask: AdmissionAsk, engines: AbstractSet[str], rule: _Headroom | None, now: float
+    ) -> Refusal | None:
+        """`queued_ahead` when a queued entry ahead of the ask competes for its engines and
+        may not be passed; None when nothing stands ahead."""
+        policy = ask.tenant
+        own = self._line.get(ask.lease_id) if ask.queued else None
+        key = (
+            own.key if own else self._line.newcomer_key(policy.name, policy.priority, policy.weight)
+        )
+        passable = rule.passable if rule is not None else None
+        ahead = self._line.blocker(key, engines, own_id=ask.lease_id, passable=passable)
+        if ahead is None:
+            return None
+        may_pass = (  # another tenant's entry, that tenant holding blocks (headroom.py)
+            passable is not None
+            and ahead.tenant != policy.name
+            and self.tenant_blocks(ahead.tenant) > 0
+        )
+        return Refusal(
+            "queued_ahead", behind=Behind(ahead.id, max(0.0, ahead.expires_at - now), may_pass)
+        )
+
+    def _with_claims(self, rule: _Headroom, free: int, now: float) -> _Headroom:
+        """The rule with the pool's free blocks and the other holders' burst claims."""
+        total = rule.ask.tenant.weight + rule.others
+        excess, claims = self._activity.claims(
+            rule.ask.tenant.name, pool=rule.pool, total=total, limit=free, now=now
+        )
+        return replace(rule, pool_free=free, excess=excess, claims=claims)
+
+    def _grant(self, ask: AdmissionAsk, usage: TenantUsage, now: float, chosen: Candidate) -> Lease:
+        """Write the lease on the chosen engine and charge the tenant."""
+        policy = ask.tenant
         charged = tenants.charge(
             usage,
             rpm=policy.rpm,
@@ -237,6 +400,12 @@ class InMemoryStore:
             self._line.charge(policy.name, policy.priority, policy.weight, lease.blocks)
         self._changed_tenant(policy.name, seen)
         return lease
+
+    async def set_views(self, views: Sequence[EngineView]) -> None:
+        self._engines.set_views(views)
+
+    async def set_group(self, group: str, engines: frozenset[str], kv_ceiling: float) -> None:
+        self._engines.set_group(group, engines, kv_ceiling)
 
     async def release(self, lease: Lease, used_tokens: int | None = None) -> bool:
         held = self._held.pop(lease.id, None)
@@ -400,18 +569,19 @@ class InMemoryStore:
         held = self._holds.leading(c.view.spec.name, c.need.prefix)
         return replace(c, need=c.need.credited(held))
 
-    def _headroom_rule(self, ask: AdmissionAsk, held: int, now: float) -> _Headroom | None:
-        """The headroom rule for this ask; None when it cannot limit anything (off, or
-        nobody else active)."""
+    def _headroom_rule(
+        self, ask: AdmissionAsk, held: int, now: float, pool: int, need: int
+    ) -> _Headroom | None:
+        """The headroom rule for this ask (`pool`: its engines' capacity; `need`: its largest
+        footprint among them); None when it cannot limit anything (off, or nobody else
+        active)."""
         if self.headroom <= 0:
             return None
         others = self._others_weight(ask.tenant.name, now)
         if others <= 0:
             return None
-        pool = sum(c.view.spec.capacity_blocks(ask.kv_ceiling) for c in ask.candidates)
         total = ask.tenant.weight + others
         unused = self._activity.unused(ask.tenant.name, pool=pool, total=total)
-        need = max((c.need.blocks for c in ask.candidates), default=0)
         mine = self.average(ask.tenant.name, now)
         return _Headroom(self, ask, held, others, pool, now, unused, need, mine)
 
@@ -481,3 +651,4 @@ class InMemoryStore:
             self._loads.pop(engine, None)
         else:
             self._loads[engine] = new
+        self._engines.moved(engine)

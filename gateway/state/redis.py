@@ -61,7 +61,7 @@ from gateway.core import tenants
 from gateway.core.fairqueue import BURST_BLOCKS, check_burst, check_policy
 from gateway.core.routing import DEFAULT_CACHED_BLOCK_WEIGHT, Router
 from gateway.core.tenants import Bucket, TenantUsage
-from gateway.core.types import EngineLoad, TenantPolicy
+from gateway.core.types import EngineLoad, EngineView, TenantPolicy
 from gateway.state.base import (
     AdmissionAsk,
     Behind,
@@ -72,6 +72,7 @@ from gateway.state.base import (
     Refusal,
     RefusalCode,
 )
+from gateway.state.engines import EngineBook
 from gateway.state.errors import StateUnavailable
 from gateway.state.scripts import Lane, Library, Script
 from gateway.state.totals import StoreTotals
@@ -238,11 +239,15 @@ class RedisStore:
         self._behind = BehindWaiters(_DEPARTED_KEPT)  # `wait_behind` callers: the notices
         self._tasks: list[asyncio.Task[None]] = []
         self._closed = False
+        self.engines = EngineBook()  # views and groups for grouped asks (expanded here)
 
     # ---- the port ------------------------------------------------------------------------
 
     async def try_admit(self, ask: AdmissionAsk) -> Lease | Refusal:
         check_policy(ask.tenant.priority, ask.tenant.weight)
+        # Grouped asks are expanded here: admit.lua scores every engine it is sent (the
+        # engines kept ordered in Redis are the next step of issue 14: docs/engine-index.md).
+        ask = self.engines.expand(ask)
         reply = await self._call("admit", self._admit_args(ask))
         kind = _text(reply[0])
         if kind == "refused":
@@ -273,6 +278,12 @@ class RedisStore:
         self._held[lease.id] = self._record(lease, ask.tenant)
         self._queued.discard(lease.id)  # served: admit.lua took it off the line
         return lease
+
+    async def set_views(self, views: Sequence[EngineView]) -> None:
+        self.engines.set_views(views)
+
+    async def set_group(self, group: str, engines: frozenset[str], kv_ceiling: float) -> None:
+        self.engines.set_group(group, engines, kv_ceiling)
 
     async def release(self, lease: Lease, used_tokens: int | None = None) -> bool:
         """Never raises for a lost Redis: the release is retried in the background (and the

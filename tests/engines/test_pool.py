@@ -48,3 +48,32 @@ def test_a_new_process_start_time_or_a_readmission_starts_a_new_epoch():
     p.get("e").healthy = False
     p.mark_healthy("e")
     assert p.get("e").epoch == 2
+
+
+def test_changed_views_are_those_whose_fields_were_set_or_whose_full_hold_ran_out() -> None:
+    """What the scheduler gives the store before a decision (`StateStore.set_views`)."""
+    from gateway.core.ledger import Foreign
+
+    now = [100.0]
+    specs = [EngineSpec(n, f"http://{n}", frozenset({"m"}), 11, 16, 4, 4096) for n in "abc"]
+    pool = EnginePool(specs, clock=lambda: now[0], staged_seqs=2)
+    assert [v.spec.name for v in pool.changed_views()] == ["a", "b", "c"]  # all new
+    assert pool.changed_views() == []
+    pool.get("b").foreign = Foreign(blocks=3, seqs=1)  # as the monitor sets it
+    pool.mark_unhealthy("c", "down", retry_at=0.0)
+    got = {v.spec.name: v for v in pool.changed_views()}
+    assert set(got) == {"b", "c"}
+    assert got["b"].foreign_blocks == 3 and got["b"].staged_seqs == 2
+    assert not got["c"].healthy
+    pool.refused("a", hold_s=5.0)
+    assert [(v.spec.name, v.healthy) for v in pool.changed_views()] == [("a", False)]
+    now[0] += 4.0
+    assert pool.changed_views() == []
+    now[0] += 1.0  # the hold ran out: "a" is routable again, with no field set
+    assert [(v.spec.name, v.healthy) for v in pool.changed_views()] == [("a", True)]
+    pool.ended("a")  # clears the hold that ran out: the view is as it was
+    assert [(v.spec.name, v.healthy) for v in pool.changed_views()] in ([], [("a", True)])
+    pool.ended("a")  # nothing held: nothing set
+    assert pool.changed_views() == []
+    pool.get("a").runs_beyond_max = True
+    assert [(v.spec.name, v.staged_seqs) for v in pool.changed_views()] == [("a", 0)]
