@@ -13,10 +13,11 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from gateway.core.retry import ReleaseRate, RetryAdvice, RetryForecast, Room
-from gateway.core.types import DEFAULT_TENANT, EngineLoad, Footprint, TenantPolicy
+from gateway.core.routing import Candidate
+from gateway.core.types import DEFAULT_TENANT, EngineLoad, EngineView, Footprint, TenantPolicy
 from gateway.engines.pool import EnginePool
 from gateway.errors import NoEngine, RateLimited
 from gateway.state.base import (
@@ -53,6 +54,12 @@ BEHIND_POLL_S = 10.0
 """A waiter behind an entry it cannot pass waits for that entry to leave; it looks again
 after this long at most anyway (a notice lost in a reconnect is followed by a wake-up of
 everyone; this is the last resort)."""
+
+MAX_GROUPS = 32
+"""Engine sets this process names in the store (`StateStore.set_group`; each model's, and
+the smaller sets of retries that exclude an engine or of requests tied to one): the store
+moves an engine in every group it belongs to at each change of its load, so their number is
+bounded; an ask for another set goes as one candidate per engine."""
 
 STAGE_WITHIN = 0.5
 """A waiter takes a staged slot (`admission.staged_seqs`: it would wait inside the engine
@@ -258,10 +265,27 @@ class Scheduler:
         if changed:
             await self.store.set_views(changed)
         group = self._groups.get(ask.engines)
-        if group is None:
+        if group is None and len(self._groups) < MAX_GROUPS:
             group = engine_group(ask.engines)
             await self.store.set_group(group, ask.engines, self.kv_ceiling)
             self._groups[ask.engines] = group
+        if group is None:  # one engine set too many: every engine as a candidate
+            candidates = tuple(
+                Candidate(view=self._view(name, stage), need=need)
+                for name, need in sorted(ask.needs.items())
+                if self.pool.get(name) is not None
+            )
+            return await self.store.try_admit(
+                AdmissionAsk(
+                    lease_id=ask.id,
+                    candidates=candidates,
+                    kv_ceiling=self.kv_ceiling,
+                    tenant=ask.tenant,
+                    tokens=ask.tokens,
+                    tenant_max_blocks=ask.tenant_max_blocks,
+                    queued=queued,
+                )
+            )
         return await self.store.try_admit(
             AdmissionAsk(
                 lease_id=ask.id,
@@ -276,6 +300,10 @@ class Scheduler:
                 staged=stage,
             )
         )
+
+    def _view(self, name: str, stage: bool) -> EngineView:
+        view = self.pool.view(name, EngineLoad())
+        return view if stage or not view.staged_seqs else replace(view, staged_seqs=0)
 
     async def _refuse_unless_waitable(self, ask: Ask, refusal: Refusal) -> None:
         if refusal.waitable:

@@ -187,9 +187,12 @@ class InMemoryStore:
         if ask.candidates and not within_share:
             return Refusal("tenant_kv_share")
         engines = frozenset(c.view.spec.name for c in ask.candidates)
-        pool = sum(c.view.spec.capacity_blocks(ask.kv_ceiling) for c in ask.candidates)
-        need = max((c.need.blocks for c in ask.candidates), default=0)
-        rule = self._headroom_rule(ask, usage.blocks, now, pool, need)
+
+        def pool_need() -> tuple[int, int]:
+            pool = sum(c.view.spec.capacity_blocks(ask.kv_ceiling) for c in ask.candidates)
+            return pool, max((c.need.blocks for c in ask.candidates), default=0)
+
+        rule = self._headroom_rule(ask, usage.blocks, now, pool_need)
         behind = self._behind_whom(ask, engines, rule, now)
         if behind is not None:
             return behind
@@ -209,13 +212,16 @@ class InMemoryStore:
     def _orderable(self, ask: AdmissionAsk, group: OrderedGroup) -> bool:
         """Whether the group's order decides this grouped ask as scoring every engine
         would: the ask's ceiling is the group's, the router ranks by free blocks (then
-        perhaps by running sequences), the request runs at least one sequence."""
+        perhaps by running sequences), the request runs at least one sequence, and some
+        engine of the group has a view."""
         need = ask.need
         return (
             self._ordered_routing is not None
             and need is not None
             and need.seqs >= 1
+            and need.credit == 0  # credit is the store's to give
             and ask.kv_ceiling == group.kv_ceiling
+            and bool(group.present)
         )
 
     def _choose_ordered(
@@ -230,6 +236,8 @@ class InMemoryStore:
         assert ask.need is not None and self._ordered_routing is not None
         need, ceiling, limit = ask.need, ask.kv_ceiling, ask.tenant_max_blocks
         special = {n: f for n, f in ask.exceptions if n in group.present}
+        if len(special) == len(group.present):
+            return _UNORDERED  # no engine takes `need`: the headroom rule's largest differs
         worst = max([need.blocks, *(f.blocks for f in special.values())])
         for name in self._holds.holders(need.prefix):
             if name in group.present:
@@ -245,7 +253,7 @@ class InMemoryStore:
             return _UNORDERED
         if not all(tenants.share_allows(usage, c.need.blocks, limit) for c in exceptions):
             return _UNORDERED
-        rule = self._headroom_rule(ask, usage.blocks, now, group.capacity, worst)
+        rule = self._headroom_rule(ask, usage.blocks, now, lambda: (group.capacity, worst))
         behind = self._behind_whom(ask, group.present, rule, now)
         if behind is not None:
             return behind
@@ -570,16 +578,17 @@ class InMemoryStore:
         return replace(c, need=c.need.credited(held))
 
     def _headroom_rule(
-        self, ask: AdmissionAsk, held: int, now: float, pool: int, need: int
+        self, ask: AdmissionAsk, held: int, now: float, pool_need: Callable[[], tuple[int, int]]
     ) -> _Headroom | None:
-        """The headroom rule for this ask (`pool`: its engines' capacity; `need`: its largest
-        footprint among them); None when it cannot limit anything (off, or nobody else
-        active)."""
+        """The headroom rule for this ask (`pool_need`: its engines' capacity and its largest
+        footprint among them, asked for only when the rule applies); None when it cannot
+        limit anything (off, or nobody else active)."""
         if self.headroom <= 0:
             return None
         others = self._others_weight(ask.tenant.name, now)
         if others <= 0:
             return None
+        pool, need = pool_need()
         total = ask.tenant.weight + others
         unused = self._activity.unused(ask.tenant.name, pool=pool, total=total)
         mine = self.average(ask.tenant.name, now)

@@ -267,3 +267,31 @@ async def test_a_retry_finds_the_place_its_advice_promised() -> None:
     await sched.release(held)
     lease = await asyncio.wait_for(retry, 2.0)
     await sched.release(lease)
+
+
+async def test_asks_are_grouped_up_to_max_groups_engine_sets_then_sent_as_candidates(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The scheduler names at most `MAX_GROUPS` engine sets in the store (each costs a move
+    per change of an engine's load); an ask for another set goes as one candidate per
+    engine. Both forms get leases, on the engines they name."""
+    import gateway.scheduler as scheduling
+
+    monkeypatch.setattr(scheduling, "MAX_GROUPS", 1)
+    specs = [EngineSpec(n, f"http://{n}", frozenset({"m"}), 101, 16, 8, 4096) for n in "ab"]
+    seen: list[AdmissionAsk] = []
+
+    class Recording(InMemoryStore):
+        async def try_admit(self, ask_: AdmissionAsk) -> Lease | Refusal:
+            seen.append(ask_)
+            return await super().try_admit(ask_)
+
+    store = Recording(Router(), random.Random(0))
+    sched = scheduler(store, pool=EnginePool(specs))
+    need = Footprint(4, 1, 64)
+    both = await sched.admit(Ask(id="both", needs={"a": need, "b": need}))
+    only_b = await sched.admit(Ask(id="only-b", needs={"b": need}))
+    again = await sched.admit(Ask(id="again", needs={"a": need, "b": need}))
+    assert [a.group is not None for a in seen] == [True, False, True]
+    assert [c.view.spec.name for c in seen[1].candidates] == ["b"]
+    assert both.engine in "ab" and only_b.engine == "b" and again.engine != both.engine

@@ -276,3 +276,50 @@ async def test_grouped_asks_where_the_headroom_rule_holds_engines_back(
             clock.now += 0.2  # type: ignore[attr-defined]
         assert await grouped.loads() == await scored.loads()
     assert refused > 20  # the rule held engines back (counted in both stores)
+
+
+@pytest.mark.parametrize(
+    "case",
+    ["no engine with a view", "every engine an exception", "a credited need"],
+)
+async def test_grouped_asks_the_order_cannot_decide_are_decided_as_their_candidates(
+    case: str,
+) -> None:
+    """Asks a scheduler does not build, sent to the store directly: a group none of whose
+    engines has a view (a KV share refusal would be wrong: there are no candidates), one
+    whose every engine is an exception (the headroom rule's largest footprint is not
+    `need`'s), a `need` that arrives credited. Each is decided as its candidates."""
+    views = {s.name: EngineView(s, EngineLoad()) for s in SPECS}
+    scored, grouped, book = await _stores(SCORERS[0], 0.2, views)
+    book.set_group("bare", frozenset({"x"}), 1.0)
+    await grouped.set_group("bare", frozenset({"x"}), 1.0)
+    for store, form in ((scored, book.expand), (grouped, lambda a: a)):
+        # Another tenant holds blocks and waits in line; this one holds a few.
+        held = AdmissionAsk("held", tenant=POLICIES[1], group="all", need=Footprint(4, 1, 64))
+        assert isinstance(await store.try_admit(form(held)), Lease)
+        entry = QueueEntry("queued", POLICIES[1], GROUPS["all"], 40, 60.0)
+        assert await store.enqueue(entry, 8) == "queued"
+        mine = AdmissionAsk("mine", tenant=POLICIES[0], group="all", need=Footprint(4, 1, 64))
+        assert isinstance(await store.try_admit(form(mine)), Lease)
+    need = Footprint(30, 1, 64)
+    if case == "no engine with a view":
+        ask = AdmissionAsk("a", tenant=POLICIES[0], tenant_max_blocks=0, group="bare", need=need)
+    elif case == "every engine an exception":
+        small = Footprint(2, 1, 64)
+        ask = AdmissionAsk(
+            "a",
+            tenant=POLICIES[0],
+            group="some",
+            need=need,
+            exceptions=tuple((n, small) for n in sorted(GROUPS["some"])),
+        )
+    else:
+        credited = Footprint(6, 1, 64, 2, (b"z1", b"z2"), credit=1)
+        ask = AdmissionAsk("a", tenant=POLICIES[0], group="all", need=credited)
+        for store in (scored, grouped):
+            await store.dequeue("queued")  # nothing ahead: the ask reaches the engines
+    want = await scored.try_admit(book.expand(ask))
+    got = await grouped.try_admit(ask)
+    assert got == want
+    if isinstance(got, Refusal):
+        assert got.behind == want.behind  # type: ignore[union-attr]
