@@ -27,6 +27,7 @@ from gateway.state.base import (
     Refusal,
     StateStore,
 )
+from gateway.state.engines import unstaged
 
 log = logging.getLogger(__name__)
 
@@ -269,41 +270,27 @@ class Scheduler:
             group = engine_group(ask.engines)
             await self.store.set_group(group, ask.engines, self.kv_ceiling)
             self._groups[ask.engines] = group
+        base = AdmissionAsk(
+            lease_id=ask.id,
+            kv_ceiling=self.kv_ceiling,
+            tenant=ask.tenant,
+            tokens=ask.tokens,
+            tenant_max_blocks=ask.tenant_max_blocks,
+            queued=queued,
+        )
         if group is None:  # one engine set too many: every engine as a candidate
             candidates = tuple(
                 Candidate(view=self._view(name, stage), need=need)
                 for name, need in sorted(ask.needs.items())
                 if self.pool.get(name) is not None
             )
-            return await self.store.try_admit(
-                AdmissionAsk(
-                    lease_id=ask.id,
-                    candidates=candidates,
-                    kv_ceiling=self.kv_ceiling,
-                    tenant=ask.tenant,
-                    tokens=ask.tokens,
-                    tenant_max_blocks=ask.tenant_max_blocks,
-                    queued=queued,
-                )
-            )
-        return await self.store.try_admit(
-            AdmissionAsk(
-                lease_id=ask.id,
-                kv_ceiling=self.kv_ceiling,
-                tenant=ask.tenant,
-                tokens=ask.tokens,
-                tenant_max_blocks=ask.tenant_max_blocks,
-                queued=queued,
-                group=group,
-                need=ask.need,
-                exceptions=ask.exceptions,
-                staged=stage,
-            )
-        )
+            return await self.store.try_admit(replace(base, candidates=candidates))
+        grouped = replace(base, group=group, need=ask.need, exceptions=ask.exceptions, staged=stage)
+        return await self.store.try_admit(grouped)
 
     def _view(self, name: str, stage: bool) -> EngineView:
         view = self.pool.view(name, EngineLoad())
-        return view if stage or not view.staged_seqs else replace(view, staged_seqs=0)
+        return view if stage else unstaged(view)
 
     async def _refuse_unless_waitable(self, ask: Ask, refusal: Refusal) -> None:
         if refusal.waitable:

@@ -93,19 +93,23 @@ class _Headroom:
             others_claims=self.claims,
         )
 
+    def over_share(self, need: int) -> bool:
+        """Whether `need` more blocks would take the ask's tenant above its share."""
+        return room.over_share(
+            held=self.held,
+            need=need,
+            average=self.mine,
+            weight=self.ask.tenant.weight,
+            total=self.ask.tenant.weight + self.others,
+            capacity=self.pool,
+        )
+
     def passable(self, e: Waiting) -> bool:
         """A queued entry this ask may pass: the ask stays within its share, and the entry
         would take its (other) tenant above its own."""
-        weight, total = self.ask.tenant.weight, self.ask.tenant.weight + self.others
-        if room.over_share(
-            held=self.held,
-            need=self.need,
-            average=self.mine,
-            weight=weight,
-            total=total,
-            capacity=self.pool,
-        ):
+        if self.over_share(self.need):
             return False
+        total = self.ask.tenant.weight + self.others
         seen = self.store.activity(e.tenant)
         if e.tenant == self.ask.tenant.name or seen is None:
             return False
@@ -261,14 +265,7 @@ class InMemoryStore:
         over = False
         if rule is not None:
             rule = self._with_claims(rule, group.free, now)
-            over = room.over_share(
-                held=rule.held,
-                need=need.blocks,
-                average=rule.mine,
-                weight=ask.tenant.weight,
-                total=ask.tenant.weight + rule.others,
-                capacity=rule.pool,
-            )
+            over = rule.over_share(need.blocks)  # as `rule.allows` decides for `need`
             if over:  # an engine passes only with headroom × its capacity free after it
                 floor = need.blocks + self.headroom * group.min_capacity
             exceptions = [c for c in exceptions if rule.allows(c)]
