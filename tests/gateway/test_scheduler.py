@@ -290,8 +290,10 @@ async def test_asks_are_grouped_up_to_max_groups_engine_sets_then_sent_as_candid
     sched = scheduler(store, pool=EnginePool(specs))
     need = Footprint(4, 1, 64)
     both = await sched.admit(Ask(id="both", needs={"a": need, "b": need}))
-    only_b = await sched.admit(Ask(id="only-b", needs={"b": need}))
+    only_b = await sched.admit(Ask(id="only-b", needs={"b": Footprint(8, 1, 128)}))
     again = await sched.admit(Ask(id="again", needs={"a": need, "b": need}))
     assert [a.group is not None for a in seen] == [True, False, True]
     assert [c.view.spec.name for c in seen[1].candidates] == ["b"]
-    assert both.engine in "ab" and only_b.engine == "b" and again.engine != both.engine
+    assert both.engine in "ab" and only_b.engine == "b"
+    # b holds 8 or 12 of its 100 blocks, a 4 or none: the grouped ask takes a either way.
+    assert again.engine == "a"

@@ -25,6 +25,7 @@ from gateway.state import memory
 from gateway.state.base import AdmissionAsk, Lease, QueueEntry, Refusal
 from gateway.state.engines import EngineBook
 from gateway.state.memory import InMemoryStore
+from tests.state import lockstep
 
 # Equal capacities (ties), a larger and a smaller one (the headroom rule's band).
 SPECS = (
@@ -169,25 +170,17 @@ async def test_a_grouped_ask_is_decided_as_its_candidates_are(
             )
             book.set_views([views[NAMES[i]]])
             await grouped.set_views([views[NAMES[i]]])
-        elif o[0] == "enqueue":
-            _, t, blocks, wait = o
-            entry = QueueEntry(f"r{ids % 31}", POLICIES[t], GROUPS["all"], blocks, wait)
-            ids += 1
-            assert await grouped.enqueue(entry, 8) == await scored.enqueue(entry, 8)
-        elif o[0] == "dequeue":
-            await grouped.dequeue(f"r{o[1]}")
-            await scored.dequeue(f"r{o[1]}")
-        elif o[0] in ("release", "extend") and leases:
-            lease = sorted(leases.values(), key=lambda x: x.id)[o[1] % len(leases)]
-            if o[0] == "release":
-                assert await grouped.release(lease, 0) == await scored.release(lease, 0)
-                del leases[lease.id]
-            else:
-                grown = await grouped.extend(lease, o[2])
-                assert grown == await scored.extend(lease, o[2])
-                leases[lease.id] = grown
-        elif o[0] == "tick":
-            clock.now += o[1]
+        else:
+            ids = await lockstep.step(
+                grouped,
+                scored,
+                o,
+                leases=leases,
+                next_id=ids,
+                policies=POLICIES,
+                engines=GROUPS["all"],
+                clock=clock,
+            )
         assert await grouped.loads() == await scored.loads()
         assert await grouped.totals() == await scored.totals()
 

@@ -20,8 +20,9 @@ from hypothesis import strategies as st
 
 from gateway.core.routing import Candidate, Router
 from gateway.core.types import EngineLoad, EngineSpec, EngineView, Footprint, TenantPolicy
-from gateway.state.base import AdmissionAsk, Lease, QueueEntry
+from gateway.state.base import AdmissionAsk, Lease
 from gateway.state.memory import InMemoryStore
+from tests.state import lockstep
 from tests.state.memory_reference import InMemoryStore as Reference
 
 SPECS = (
@@ -90,25 +91,17 @@ async def test_the_store_decides_as_before_issue_14(
             assert got == want
             if isinstance(got, Lease):
                 leases[got.id] = got
-        elif o[0] == "enqueue":
-            _, t, blocks, wait = o
-            entry = QueueEntry(f"r{ids % 31}", POLICIES[t], frozenset({"e1", "e2"}), blocks, wait)
-            ids += 1
-            assert await new.enqueue(entry, 8) == await old.enqueue(entry, 8)
-        elif o[0] == "dequeue":
-            await new.dequeue(f"r{o[1]}")
-            await old.dequeue(f"r{o[1]}")
-        elif o[0] in ("release", "extend") and leases:
-            lease = sorted(leases.values(), key=lambda x: x.id)[o[1] % len(leases)]
-            if o[0] == "release":
-                assert await new.release(lease, 0) == await old.release(lease, 0)
-                del leases[lease.id]
-            else:
-                grown = await new.extend(lease, o[2])
-                assert grown == await old.extend(lease, o[2])
-                leases[lease.id] = grown
-        elif o[0] == "tick":
-            clock.now += o[1]
+        else:
+            ids = await lockstep.step(
+                new,
+                old,
+                o,
+                leases=leases,
+                next_id=ids,
+                policies=POLICIES,
+                engines=frozenset({"e1", "e2"}),
+                clock=clock,
+            )
         assert await new.loads() == await old.loads()
         assert await new.totals() == await old.totals()
         assert await new.queue_length() == await old.queue_length()
