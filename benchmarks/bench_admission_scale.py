@@ -13,8 +13,9 @@ asks of 8 blocks over all engines from the tenants in turn (an admitted one is r
 again, untimed), p50 / p99 of each `try_admit` call. The clock is injected and moves 1 ms
 per decision, so nobody ages out of the window. `--asks`: in-process, the asks as one
 candidate per engine (every engine scored), or grouped (`AdmissionAsk.group`: the store
-keeps the engines ordered; a tree without it reports "unsupported"); the Redis store
-scores every engine either way (it expands a grouped ask).
+keeps the engines ordered; a tree without it reports "unsupported"). On Redis too: a
+grouped ask is decided from the engines Redis keeps ordered (admit.lua `ordered`); a tree
+from before that expands it in the client (the same as candidates).
 
 Decisions per release: `waiters` requests wait in `gateway.scheduler.Scheduler.admit` (one
 full engine, each wants all of it); one lease is released and the `try_admit` calls until
@@ -163,7 +164,7 @@ async def script_stats(client: Any) -> tuple[int, int]:
 
 
 async def redis_decisions(
-    engines: int, tenants: int, waiting: int, seconds: float, url: str
+    engines: int, tenants: int, waiting: int, seconds: float, url: str, form: str = "candidates"
 ) -> dict[str, Any]:
     import redis.asyncio as aioredis
 
@@ -186,10 +187,20 @@ async def redis_decisions(
     client = aioredis.from_url(url)
     try:
         candidates, names, policies = _scenario(engines, tenants, waiting)
+        grouped = form == "grouped"
+        if grouped:  # a tree before the Redis order expands grouped asks in the client
+            await store.set_views([c.view for c in candidates])
+            await store.set_group("all", names, 1.0)
+
+        def ask(name: str, policy: Any) -> AdmissionAsk:
+            if grouped:
+                return AdmissionAsk(name, tenant=policy, group="all", need=candidates[0].need)
+            return AdmissionAsk(name, candidates, 1.0, policy)
+
         store.headroom, headroom = 0.0, store.headroom  # set-up: records written below
 
         async def setup(i: int) -> None:
-            lease = await store.try_admit(AdmissionAsk(f"a{i}", candidates, 1.0, policies[i]))
+            lease = await store.try_admit(ask(f"a{i}", policies[i]))
             assert isinstance(lease, Lease), lease
             if i % 2:
                 await store.release(lease)
@@ -236,7 +247,7 @@ async def redis_decisions(
                 release_us.clear()
                 outcomes.clear()
                 started = time.perf_counter()
-            a = AdmissionAsk(f"ask-{10**7 + i}", candidates, 1.0, policies[i % tenants])
+            a = ask(f"ask-{10**7 + i}", policies[i % tenants])
             result, wall, server = await server_us(store.try_admit(a), i >= 3)
             times.append(wall)
             admit_us.append(server)
@@ -248,6 +259,7 @@ async def redis_decisions(
         got: dict[str, Any] = {
             "shape": f"{engines}x{tenants}x{waiting}",
             "store": "redis",
+            "asks": form,
             "calls": len(times),
             "server_p50_us": round(statistics.median(admit_us), 1),
             "server_p99_us": round(_percentile(admit_us, 0.99), 1),
@@ -449,8 +461,10 @@ def measure(kind: str, arg: str, seconds: float) -> dict[str, Any]:
         e, t, w = (int(x) for x in shape.split("x"))
         got = asyncio.run(decisions(e, t, w, seconds, form or "candidates"))
     elif kind == "redis":
-        e, t, w = (int(x) for x in arg.split("x"))
-        got = asyncio.run(redis_decisions(e, t, w, seconds, os.environ[REDIS_URL]))
+        shape, _, form = arg.partition(":")
+        e, t, w = (int(x) for x in shape.split("x"))
+        url = os.environ[REDIS_URL]
+        got = asyncio.run(redis_decisions(e, t, w, seconds, url, form or "candidates"))
     elif kind == "redis-pairs":
         got = asyncio.run(redis_pairs(int(arg), os.environ[REDIS_URL]))
     elif kind == "redis-renew":
@@ -492,7 +506,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--asks",
         default="candidates,grouped",
-        help="in-process ask forms: candidates (one per engine), grouped (AdmissionAsk.group)",
+        help="ask forms: candidates (one per engine), grouped (AdmissionAsk.group)",
     )
     p.add_argument("--child", nargs=2, metavar=("KIND", "ARG"), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -517,7 +531,8 @@ def main(argv: list[str] | None = None) -> int:
     if "redis" in stores:
         from gateway.harness import RedisServer
 
-        jobs += [("redis", s) for s in args.shapes.split(",") if s]
+        forms = [f for f in args.asks.split(",") if f]
+        jobs += [("redis", f"{s}:{f}") for s in args.shapes.split(",") if s for f in forms]
         jobs += [("redis-release", w) for w in args.waiters.split(",") if w]
         jobs += [("redis-renew", n) for n in args.renewals.split(",") if n]
         jobs += [("redis-pairs", c) for c in args.pairs.split(",") if c]

@@ -3,7 +3,8 @@ docs/engine-index.md): their views as the scheduler last gave them (`StateStore.
 and named groups of them (`StateStore.set_group`).
 
 `EngineBook` only keeps them and expands a grouped ask into candidates (what a store that
-scores every engine decides on). `OrderedEngines` (the in-process store's) also keeps each
+scores every engine decides on; the Redis store keeps one to give Redis its views and
+groups again when Redis lost them). `OrderedEngines` (the in-process store's) also keeps each
 group's engines ordered by free blocks (`gateway.core.engine_order.EngineOrder`) with the
 sums the headroom rule reads (the group's capacity and free blocks), moved as each
 engine's load or view changes: a decision then finds the best engine without visiting the

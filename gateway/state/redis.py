@@ -61,7 +61,7 @@ from gateway.core import tenants
 from gateway.core.fairqueue import BURST_BLOCKS, check_burst, check_policy
 from gateway.core.routing import DEFAULT_CACHED_BLOCK_WEIGHT, Router
 from gateway.core.tenants import Bucket, TenantUsage
-from gateway.core.types import EngineLoad, EngineView, TenantPolicy
+from gateway.core.types import EngineLoad, EngineView, Footprint, TenantPolicy
 from gateway.state.base import (
     AdmissionAsk,
     Behind,
@@ -72,7 +72,7 @@ from gateway.state.base import (
     Refusal,
     RefusalCode,
 )
-from gateway.state.engines import EngineBook
+from gateway.state.engines import EngineBook, Group
 from gateway.state.errors import StateUnavailable
 from gateway.state.scripts import Lane, Library, Script
 from gateway.state.totals import StoreTotals
@@ -99,9 +99,14 @@ KEY_NAMES = (
     "acta",
     "fairh",
     "actb",
+    "views",
+    "grp",
+    "eg",
+    "gord",
+    "pfh",
     "touch",  # last: the scripts take the last key as the TTL clock (common.lua `touch`)
 )
-SCRIPTS = ("admit", "release", "renew", "extend", "enqueue", "dequeue", "inspect")
+SCRIPTS = ("admit", "release", "renew", "extend", "enqueue", "dequeue", "inspect", "engines")
 # Buckets in debt need up to two minutes to fill again; keys must outlive that idle time.
 MIN_KEY_TTL_S = 130.0
 # After a failed call, go straight to the failure path for this long before trying again.
@@ -239,16 +244,30 @@ class RedisStore:
         self._behind = BehindWaiters(_DEPARTED_KEPT)  # `wait_behind` callers: the notices
         self._tasks: list[asyncio.Task[None]] = []
         self._closed = False
-        self.engines = EngineBook()  # views and groups for grouped asks (expanded here)
+        # Views and groups as this replica gave them to Redis (engines.lua), to give again
+        # when Redis lost them; `_unsynced`: a push failed, give them all before the next ask.
+        self.engines = EngineBook()
+        self._unsynced = False
 
     # ---- the port ------------------------------------------------------------------------
 
     async def try_admit(self, ask: AdmissionAsk) -> Lease | Refusal:
         check_policy(ask.tenant.priority, ask.tenant.weight)
-        # Grouped asks are expanded here: admit.lua scores every engine it is sent (the
-        # engines kept ordered in Redis are the next step of issue 14: docs/engine-index.md).
-        ask = self.engines.expand(ask)
-        reply = await self._call("admit", self._admit_args(ask))
+        if ask.group is not None and (ask.need is None or ask.need.credit):
+            ask = self.engines.expand(ask)  # credit is the store's to give: as candidates
+        if ask.group is not None:
+            # Decided from the views and groups Redis holds (engines.lua): the group's
+            # engines kept ordered by free blocks (admit.lua `ordered`).
+            self.engines.group(ask.group)  # a group never set is a programming error
+            if self._unsynced:
+                await self._regroup()
+            args = self._admit_args(ask)
+            reply = await self._call("admit", args)
+            if _text(reply[0]) == "regroup":  # its keys expired: give them again
+                await self._regroup()
+                reply = await self._call("admit", args)
+        else:
+            reply = await self._call("admit", self._admit_args(ask))
         kind = _text(reply[0])
         if kind == "refused":
             code: RefusalCode = _text(reply[1])  # type: ignore[assignment]
@@ -262,7 +281,10 @@ class RedisStore:
         # "exists" from this replica: a retried call whose first run wrote the lease.
         engine = _text(reply[1])
         credit = int(reply[8] if kind == "lease" else reply[6])
-        prefix = next((c.need.prefix for c in ask.candidates if c.view.spec.name == engine), ())
+        if ask.need is not None:
+            prefix = dict(ask.exceptions).get(engine, ask.need).prefix
+        else:
+            prefix = next((c.need.prefix for c in ask.candidates if c.view.spec.name == engine), ())
         lease = Lease(
             id=ask.lease_id,
             engine=engine,
@@ -280,10 +302,41 @@ class RedisStore:
         return lease
 
     async def set_views(self, views: Sequence[EngineView]) -> None:
-        self.engines.set_views(views)
+        changed = self.engines.set_views(views)
+        if changed and not self._unsynced:
+            await self._push_views(changed)
 
     async def set_group(self, group: str, engines: frozenset[str], kv_ceiling: float) -> None:
-        self.engines.set_group(group, engines, kv_ceiling)
+        made = self.engines.set_group(group, engines, kv_ceiling)
+        if not self._unsynced:
+            await self._push_group(group, made)
+
+    async def _push_views(self, names: Sequence[str]) -> None:
+        """Give Redis these engines' views; if it does not answer, every view and group is
+        given again before the next grouped ask (`_regroup`)."""
+        try:
+            await self._call("engines", ["views", *self._view_args(names)])
+        except StateUnavailable:
+            self._unsynced = True
+
+    async def _push_group(self, group: str, made: Group) -> None:
+        try:
+            await self._call("engines", ["group", group, repr(made.kv_ceiling), *made.names])
+        except StateUnavailable:
+            self._unsynced = True
+
+    async def _regroup(self) -> None:
+        """Give Redis every view and group this replica knows (its keys expired, or a push
+        failed); raises `StateUnavailable` if it does not answer."""
+        self._unsynced = False
+        try:
+            if self.engines.views:
+                await self._call("engines", ["views", *self._view_args(list(self.engines.views))])
+            for group, made in list(self.engines.groups.items()):
+                await self._call("engines", ["group", group, repr(made.kv_ceiling), *made.names])
+        except StateUnavailable:
+            self._unsynced = True
+            raise
 
     async def release(self, lease: Lease, used_tokens: int | None = None) -> bool:
         """Never raises for a lost Redis: the release is retried in the background (and the
@@ -443,6 +496,22 @@ class RedisStore:
 
     # ---- internals -----------------------------------------------------------------------
 
+    def _view_args(self, names: Sequence[str]) -> list[str]:
+        """engines.lua's 7 values per view."""
+        args = []
+        for name in names:
+            view = self.engines.views[name]
+            args += [
+                name,
+                str(view.spec.usable_blocks),
+                str(view.spec.max_num_seqs),
+                str(view.staged_seqs),
+                str(view.foreign_blocks),
+                str(view.foreign_seqs),
+                "1" if view.healthy else "0",
+            ]
+        return args
+
     def _admit_args(self, ask: AdmissionAsk) -> list[str]:
         policy = ask.tenant
         seed = "" if self._rng is None else str(self._rng.randrange(2**31))
@@ -464,10 +533,22 @@ class RedisStore:
             repr(self.burst_blocks),
             repr(self.headroom),
             repr(self.active_window_s),
-            str(len(ask.candidates)),
+            str(len(ask.candidates)) if ask.group is None else "g",
             repr(self.cached_block_weight),
         ]
         lists: dict[tuple[bytes, ...], int] = {}  # each prefix sent once: engines share sizes
+
+        def footprint(f: Footprint) -> list[str]:
+            number = lists.setdefault(f.prefix, len(lists) + 1) if f.prefix else 0
+            return [str(f.blocks), str(f.seqs), str(f.prompt_blocks), str(number), str(f.cached)]
+
+        if ask.group is not None:
+            assert ask.need is not None
+            args += [ask.group, repr(float(ask.kv_ceiling)), "1" if ask.staged else "0"]
+            args += footprint(ask.need)
+            args.append(str(len(ask.exceptions)))
+            for name, f in ask.exceptions:
+                args += [name, *footprint(f)]
         for c in ask.candidates:
             spec = c.view.spec
             args += [
@@ -477,11 +558,7 @@ class RedisStore:
                 str(c.view.foreign_blocks),
                 str(c.view.foreign_seqs),
                 "1" if c.view.healthy else "0",
-                str(c.need.blocks),
-                str(c.need.seqs),
-                str(c.need.prompt_blocks),
-                str(lists.setdefault(c.need.prefix, len(lists) + 1) if c.need.prefix else 0),
-                str(c.need.cached),
+                *footprint(c.need),
             ]
         args.append(str(len(lists)))
         for prefix in lists:  # in numbering order (dicts keep insertion order)

@@ -3,12 +3,18 @@
 --   9 max concurrency, 10 rpm, 11 tpm, 12 tenant max blocks ('' = no limit), 13 tokens,
 --   14 queued '1'/'0', 15 tie-break seed ('' = Redis TIME microseconds), 16 scorers (csv),
 --   17 the line's burst credit in blocks, 18 headroom (fraction, 0 = off), 19 the active
---   window s, 20 candidate count, 21 the cached block weight (most_free_after), then per
---   candidate 11 values: name, capacity blocks at
+--   window s, 20 candidate count (or 'g': a grouped ask), 21 the cached block weight
+--   (most_free_after), then per candidate 11 values: name, capacity blocks at
 --   the ceiling, sequence slots (max_num_seqs + staged), foreign blocks, foreign seqs,
 --   healthy '1'/'0', need blocks, need seqs, need prompt blocks, its prefix (the number of
 --   a list below, 0 = none), blocks the engine is expected to cache (the replica's index);
 --   then the number of prefix lists, and each list as its length and its hashes (hex).
+--   A grouped ask (issue 14, docs/engine-index.md) has instead: 22 its group, 23 its KV
+--   ceiling, 24 staged '1'/'0', 25-29 its common footprint (blocks, seqs, prompt blocks,
+--   prefix list, cached blocks), 30 the number of exceptions, then per exception its
+--   engine and footprint (6 values); then the prefix lists. The engines are the group's,
+--   as `set_views` and `set_group` (engines.lua) gave them; a group that Redis no longer
+--   holds (its keys expired) gets the reply {'regroup'}.
 --   Free capacity is what the ledger leaves after the foreign load
 --   (gateway/core/types.py EngineView): capacity − reserved − foreign. A candidate's need
 --   is credited with the leading blocks of its prefix that live leases on its engine hold.
@@ -57,59 +63,100 @@ if tpm then
   end
 end
 
--- Candidates within the tenant's KV share.
-local scorers = {}
-for name in string.gmatch(ARGV[16], '[^,]+') do scorers[#scorers + 1] = name end
-local count = tonumber(ARGV[20])
-local cached_weight = tonumber(ARGV[21])
-local lists, at = {}, 22 + count * 11
-for j = 1, tonumber(ARGV[at]) do
-  local n, list = tonumber(ARGV[at + 1]), {}
-  for k = 1, n do list[k] = ARGV[at + 1 + k] end
-  lists[j] = list
-  at = at + 1 + n
-end
 local held = num(redis.call('HGET', K_TEN, 'k:' .. tenant))
-local engines, within, pool, need = {}, {}, 0, 0
-local fields = {} -- the loads of the candidates within the share: 'b:<name>', 's:<name>'
-for i = 0, count - 1 do
-  local base = 22 + i * 11
-  local name, b = ARGV[base], tonumber(ARGV[base + 6])
-  local cap, h = tonumber(ARGV[base + 1]), lists[tonumber(ARGV[base + 9])]
-  local c = {
-    name = name, cap = cap, max_seqs = tonumber(ARGV[base + 2]),
-    for_b = tonumber(ARGV[base + 3]), for_s = tonumber(ARGV[base + 4]),
-    healthy = ARGV[base + 5] == '1', b = b, s = tonumber(ARGV[base + 7]),
-    pb = tonumber(ARGV[base + 8]), h = h, cached = tonumber(ARGV[base + 10]), cr = 0,
-  }
-  if b > need then need = b end -- the headroom rule's, before credit
-  if h then
-    c.cr = held_prefix(name, h)
-    c.b, c.pb = b - c.cr, math.max(0, c.pb - c.cr)
-    c.cached = math.max(c.cached, c.cr)
-  end
-  engines[name] = true
-  pool = pool + cap
-  if max_blocks == nil or held + c.b <= max_blocks then
-    within[#within + 1] = c
-    fields[#fields + 1] = 'b:' .. name
-    fields[#fields + 1] = 's:' .. name
-  end
-end
-if count > 0 and #within == 0 then return refuse('tenant_kv_share') end
+local own = queued and entry(id) or nil -- this ask's entry in the line
+local chosen = nil -- the candidate the lease goes to
+do -- the choice (its locals end here: a script prepended with common.lua has at most 200)
+  local scorers = {}
+  for name in string.gmatch(ARGV[16], '[^,]+') do scorers[#scorers + 1] = name end
+  local nscore = #scorers
+  local cached_weight = tonumber(ARGV[21])
 
--- Headroom (gateway/core/headroom.py): the active tenants, the others' weights, from the
--- aggregates kept as they change (common.lua, active_now).
-local rule = nil
-if headroom > 0 then
-  local t = active_now(window)
-  local rec = activity(tenant)
-  local others = others_weight(t, rec)
-  if others > 0 then
+  -- The prefix lists (each sent once), after the candidates or the grouped ask's fields.
+  local grouped = ARGV[20] == 'g'
+  local count = grouped and 0 or tonumber(ARGV[20])
+  local lists, at = {}, nil
+  local g, ceiling, staged, need_f, exc = nil, nil, nil, nil, {}
+  if grouped then
+    g, ceiling, staged = ARGV[22], tonumber(ARGV[23]), ARGV[24] == '1'
+    local nexc = tonumber(ARGV[30])
+    at = 31 + nexc * 6
+  else
+    at = 22 + count * 11
+  end
+  for j = 1, tonumber(ARGV[at]) do
+    local n, list = tonumber(ARGV[at + 1]), {}
+    for k = 1, n do list[k] = ARGV[at + 1 + k] end
+    lists[j] = list
+    at = at + 1 + n
+  end
+
+  -- A candidate: the engine's figures and the request's footprint there.
+  local function candidate(name, v, f)
+    return {
+      name = name, cap = math.floor(v.usable * ceiling),
+      max_seqs = v.seqs + (staged and v.staged or 0), for_b = v.fb, for_s = v.fs,
+      healthy = v.healthy, b = f.b, s = f.s, pb = f.pb, h = f.h, cached = f.cached, cr = 0,
+    }
+  end
+
+  -- A candidate's need credited with the leading prefix blocks live leases there hold.
+  local function credit(c)
+    if c.h then
+      c.cr = held_prefix(c.name, c.h)
+      c.b, c.pb = c.b - c.cr, math.max(0, c.pb - c.cr)
+      c.cached = math.max(c.cached, c.cr)
+    end
+    return c
+  end
+
+  local function within_share(b)
+    return max_blocks == nil or held + b <= max_blocks
+  end
+
+  local cands = {} -- the ask's candidates, before credit
+  if grouped then
+    if not eng.group_ceiling(g) then return finish({'regroup'}) end
+    local function footprint(base)
+      return {
+        b = tonumber(ARGV[base]), s = tonumber(ARGV[base + 1]), pb = tonumber(ARGV[base + 2]),
+        h = lists[tonumber(ARGV[base + 3])], cached = tonumber(ARGV[base + 4]),
+      }
+    end
+    need_f = footprint(25)
+    for i = 0, tonumber(ARGV[30]) - 1 do
+      local base = 31 + i * 6
+      exc[#exc + 1] = {name = ARGV[base], f = footprint(base + 1)}
+    end
+  else
+    for i = 0, count - 1 do
+      local base = 22 + i * 11
+      cands[#cands + 1] = {
+        name = ARGV[base], cap = tonumber(ARGV[base + 1]), max_seqs = tonumber(ARGV[base + 2]),
+        for_b = tonumber(ARGV[base + 3]), for_s = tonumber(ARGV[base + 4]),
+        healthy = ARGV[base + 5] == '1', b = tonumber(ARGV[base + 6]),
+        s = tonumber(ARGV[base + 7]), pb = tonumber(ARGV[base + 8]),
+        h = lists[tonumber(ARGV[base + 9])], cached = tonumber(ARGV[base + 10]), cr = 0,
+      }
+    end
+  end
+
+  -- Headroom (gateway/core/headroom.py): the active tenants, the others' weights, from the
+  -- aggregates kept as they change (common.lua, active_now). `pool` is the candidates'
+  -- capacity, `need` their largest footprint (before credit).
+  local function headroom_rule(pool, need)
+    if headroom <= 0 then return nil end
+    local t = active_now(window)
+    local rec = activity(tenant)
+    local others = others_weight(t, rec)
+    if others <= 0 then return nil end
     local total = weight + others
     local mine = average_at(rec, held, window)
     -- What the other active tenants lack of their shares of the pool: kept free for them.
-    rule = {total = total, mine = mine, unused = unused_of(t, tenant, rec, others, pool, total)}
+    local rule = {
+      total = total, mine = mine, pool = pool,
+      unused = unused_of(t, tenant, rec, others, pool, total),
+    }
     -- A queued entry this ask may pass: the ask stays within its share, and the entry
     -- would take its (other) tenant above its own.
     if not over_share(held, need, mine, weight, total, pool) then
@@ -125,52 +172,43 @@ if headroom > 0 then
         return over_share(a.h, e.b, average_at(a, a.h, window), a.w, total, pool)
       end
     end
+    return rule
   end
-end
 
--- The order of the line: nobody queued before this ask may want any of its engines.
-local own = queued and entry(id) or nil
-local key = own and own.m or member(prio, start_tag(tenant, prio, weight, burst), NEWCOMER_SEQ, '')
-local ahead, ahead_id = blocker(key, engines, id, rule and rule.passable)
-if ahead then
-  local expires = tonumber(redis.call('ZSCORE', K_QEXP, ahead_id)) or NOW
-  return finish({'refused', 'queued_ahead', '', ahead_id, fmt(math.max(0, expires - NOW)),
-    (rule and ahead.t ~= tenant and num(redis.call('HGET', K_TEN, 'k:' .. ahead.t)) > 0)
-      and '1' or '0'})
-end
-
--- Routing (gateway/core/routing.py): filter, score, then a seeded choice among ties.
-local pool_free = 0
-for first = 1, #within, 500 do -- one HMGET per 500 engines (unpack's limit is far above)
-  local last = math.min(#within, first + 499)
-  local loads = redis.call('HMGET', K_LOAD, unpack(fields, 2 * first - 1, 2 * last))
-  for i = first, last do
-    local c, at = within[i], 2 * (i - first)
-    local res_b = tonumber(loads[at + 1]) or 0
-    c.res_b, c.res_s = res_b, tonumber(loads[at + 2]) or 0
-    local free = c.cap - res_b - c.for_b
-    if free > 0 then pool_free = pool_free + free end
+  -- The rule with the pool's free blocks now and the other holders' burst claims.
+  local function with_claims(rule, pool_free)
+    rule.pool_free = pool_free
+    rule.excess, rule.claims = claims_of(tenant, rule.pool, rule.total, pool_free, window)
   end
-end
-local nscore = #scorers
-local best, ties, score = nil, {}, {}
-for _, c in ipairs(within) do
-  local free = c.cap - c.res_b - c.for_b
-  local running = c.res_s + c.for_s
-  local room = c.healthy and c.b <= free and c.s <= c.max_seqs - running
-  if room and rule then
-    if rule.excess == nil then
-      rule.excess, rule.claims = claims_of(tenant, pool, rule.total, pool_free, window)
-    end
-    local after = pool_free - c.b
-    if over_share(held, c.b, rule.mine, weight, rule.total, pool) then
-      room = free - c.b >= headroom * c.cap
+
+  -- Whether the rule lets `b` blocks go on an engine of capacity `cap` with `free` blocks.
+  local function allows(rule, b, cap, free)
+    local after = rule.pool_free - b
+    if over_share(held, b, rule.mine, weight, rule.total, rule.pool) then
+      return free - b >= headroom * cap
         and after - rule.excess >= unused_against(rule.unused, after - rule.excess)
-    elseif held > 0 and (rule.mine + c.b) * rule.total > weight * pool then
-      room = after >= rule.claims -- the others' burst claims (headroom.py allows)
+    elseif held > 0 and (rule.mine + b) * rule.total > weight * rule.pool then
+      return after >= rule.claims -- the others' burst claims (headroom.py allows)
     end
+    return true
   end
-  if room then
+
+  -- The order of the line: nobody queued before this ask may want any of its engines
+  -- (`engines`: name -> true). A reply when someone does, else nil.
+  local function line_reply(engines, rule)
+    local key = own and own.m
+      or member(prio, start_tag(tenant, prio, weight, burst), NEWCOMER_SEQ, '')
+    local ahead, ahead_id = blocker(key, engines, id, rule and rule.passable)
+    if not ahead then return nil end
+    local expires = tonumber(redis.call('ZSCORE', K_QEXP, ahead_id)) or NOW
+    return {'refused', 'queued_ahead', '', ahead_id, fmt(math.max(0, expires - NOW)),
+      (rule and ahead.t ~= tenant and num(redis.call('HGET', K_TEN, 'k:' .. ahead.t)) > 0)
+        and '1' or '0'}
+  end
+
+  -- The candidate's score by each scorer (routing.py), higher is better.
+  local function score_of(c, free, running)
+    local score = {}
     for i = 1, nscore do
       local name = scorers[i]
       if name == 'most_free_blocks' then
@@ -182,27 +220,281 @@ for _, c in ipairs(within) do
       elseif name == 'lowest_kv_fraction' then
         score[i] = c.cap <= 0 and -1 or 1 - (c.cap - free) / c.cap
       else
-        return redis.error_reply('unknown scorer ' .. name)
+        return nil
       end
     end
-    local cmp = 0
-    if best then
-      for i = 1, nscore do
-        if score[i] ~= best[i] then
-          cmp = score[i] > best[i] and 1 or -1
-          break
+    return score
+  end
+
+  -- 1 if score a ranks above b, -1 below, 0 equal.
+  local function compare(a, b)
+    for i = 1, nscore do
+      if a[i] ~= b[i] then return a[i] > b[i] and 1 or -1 end
+    end
+    return 0
+  end
+
+  -- The ordered path (memory.py `_choose_ordered`): a grouped ask decided from the group's
+  -- order. The exceptions and the engines where live leases hold the request's prefix are
+  -- scored one by one; the rest are ranked by gord, so only the engines ranked above the
+  -- choice that fail the filter or the headroom rule are read. Returns the chosen
+  -- candidate, a reply (refused), or nil where every engine must be scored (as then below).
+  local by_running = nil -- 'running' / 'free' when the order ranks as the scorers do
+  if nscore >= 1 and (scorers[1] == 'most_free_after' or scorers[1] == 'most_free_blocks') then
+    if nscore == 1 then
+      by_running = 'free'
+    elseif nscore == 2 and scorers[2] == 'fewest_running' then
+      by_running = 'running'
+    end
+  end
+
+  local function ordered()
+    local present = num(redis.call('HGET', K_GRP, g .. ':n'))
+    if by_running == nil or ceiling ~= eng.group_ceiling(g) or present == 0 or need_f.s < 1 then
+      return nil
+    end
+    local special, nspecial = {}, 0 -- engine -> footprint
+    for _, x in ipairs(exc) do
+      if redis.call('HEXISTS', K_GRP, g .. '\0' .. x.name) == 1 then
+        if not special[x.name] then nspecial = nspecial + 1 end
+        special[x.name] = x.f
+      end
+    end
+    if nspecial == present then return nil end -- no engine takes `need`
+    local worst = need_f.b
+    for _, f in pairs(special) do
+      if f.b > worst then worst = f.b end
+    end
+    if need_f.h and #need_f.h > 0 then
+      for _, name in ipairs(eng.holders(need_f.h[1])) do
+        if not special[name] and redis.call('HEXISTS', K_GRP, g .. '\0' .. name) == 1 then
+          special[name] = need_f
         end
       end
     end
-    if best == nil or cmp > 0 then
-      best, score, ties = score, best or {}, {c} -- the old best's table takes the next score
-    elseif cmp == 0 then
-      ties[#ties + 1] = c
+    local ex = {}
+    for name, f in pairs(special) do ex[#ex + 1] = credit(candidate(name, eng.view_of(name), f)) end
+    if not within_share(need_f.b) then
+      for _, c in ipairs(ex) do
+        if within_share(c.b) then return nil end
+      end
+      return {'refused', 'tenant_kv_share', ''}
+    end
+    for _, c in ipairs(ex) do
+      if not within_share(c.b) then return nil end
+    end
+    local rule = headroom_rule(num(redis.call('HGET', K_GRP, g .. ':c')), worst)
+    local members = setmetatable({}, {__index = function(t, name)
+      local yes = redis.call('HEXISTS', K_GRP, g .. '\0' .. name) == 1
+      rawset(t, name, yes)
+      return yes
+    end})
+    local reply = line_reply(members, rule)
+    if reply then return reply end
+    local floor, over = need_f.b, false
+    if rule then
+      with_claims(rule, num(redis.call('HGET', K_GRP, g .. ':f')))
+      over = over_share(held, need_f.b, rule.mine, weight, rule.total, rule.pool)
+      if over then floor = need_f.b + headroom * eng.min_capacity(g) end
+    end
+
+    -- Whether an engine of the order (not an exception) with these figures passes; nil when
+    -- none further down can (within its share the rule does not depend on the engine).
+    local function passes(free, running, kind)
+      local k = eng.kind_info(g, kind)
+      local slots = k.seqs + (staged and k.staged or 0)
+      if need_f.b > free or need_f.s > slots - running then return false end
+      if rule and not allows(rule, need_f.b, k.cap, free) then
+        if over then return false end
+        return nil
+      end
+      return true
+    end
+
+    local lo, hi = '[' .. g .. '\0', '(' .. g .. '\1'
+    local first, offset, walking = nil, 0, true
+    while walking do
+      local batch = redis.call('ZRANGEBYLEX', K_GORD, lo, hi, 'LIMIT', offset, 32)
+      for _, m in ipairs(batch) do
+        local free, running, kind, name = eng.parse_member(g, m)
+        if free < floor then
+          walking = false
+          break
+        end
+        if not special[name] then
+          local verdict = passes(free, running, kind)
+          if verdict == nil then
+            walking = false
+            break
+          end
+          if verdict then
+            first = {name = name, free = free, running = running, kind = kind}
+            walking = false
+            break
+          end
+        end
+      end
+      if #batch < 32 then walking = false end
+      offset = offset + 32
+    end
+
+    -- The engines ranked as the first: parts of one (running, kind), each in name order.
+    local parts, ntied, ranked = {}, 0, nil
+    if first then
+      local rank = eng.rank_of(first.free, first.running, first.kind)
+      local top = g .. '\0' .. string.sub(rank, 1, by_running == 'running' and 19 or 12)
+      local cursor = '[' .. top
+      while true do
+        local m = redis.call('ZRANGEBYLEX', K_GORD, cursor, '(' .. top .. '\255', 'LIMIT', 0, 1)[1]
+        if not m then break end
+        local part = string.sub(m, 1, #g + 1 + eng.RANK_LEN)
+        local free, running, kind = eng.parse_member(g, m)
+        local n = redis.call('ZLEXCOUNT', K_GORD, '[' .. part .. '\0', '(' .. part .. '\1')
+        local skip = {} -- the exceptions' places in this part (scored as exceptions)
+        for name in pairs(special) do
+          local at_ = redis.call('HGET', K_GRP, g .. '\0' .. name)
+          local mm = at_ and string.match(at_, '^[^|]*|[^|]*|[^|]*|(.*)$')
+          if mm and string.sub(mm, 1, #part + 1) == part .. '\0' then
+            skip[#skip + 1] = redis.call('ZLEXCOUNT', K_GORD, '[' .. part .. '\0', '(' .. mm)
+          end
+        end
+        if n > #skip and passes(free, running, kind) then
+          table.sort(skip)
+          parts[#parts + 1] = {prefix = part, n = n, skip = skip}
+          ntied = ntied + n - #skip
+        end
+        cursor = '[' .. part .. '\1'
+      end
+      local k = eng.kind_info(g, first.kind)
+      ranked = score_of({b = need_f.b, cached = need_f.cached, cap = k.cap}, first.free,
+        first.running)
+    end
+
+    -- The exceptions, scored as every engine is.
+    local loads = {}
+    local best = ranked
+    for _, c in ipairs(ex) do
+      local got = redis.call('HMGET', K_LOAD, 'b:' .. c.name, 's:' .. c.name)
+      local free = c.cap - num(got[1]) - c.for_b
+      local running = num(got[2]) + c.for_s
+      local ok = c.healthy and c.b <= free and c.s <= c.max_seqs - running
+      if ok and rule then ok = allows(rule, c.b, c.cap, free) end
+      if ok then
+        c.score = score_of(c, free, running)
+        if best == nil or compare(c.score, best) > 0 then best = c.score end
+      end
+    end
+    if best == nil then return {'refused', 'no_capacity', ''} end
+    local tied_ex = {}
+    for _, c in ipairs(ex) do
+      if c.score and compare(c.score, best) == 0 then tied_ex[#tied_ex + 1] = c end
+    end
+    table.sort(tied_ex, function(a, b) return a.name < b.name end)
+    local function common(name)
+      return {name = name, b = need_f.b, s = need_f.s, pb = need_f.pb, h = need_f.h, cr = 0}
+    end
+    -- The i-th (from 0) engine of a part, less its exceptions.
+    local function nth(part, i)
+      for _, r in ipairs(part.skip) do
+        if r <= i then i = i + 1 end
+      end
+      local m = redis.call('ZRANGEBYLEX', K_GORD, '[' .. part.prefix .. '\0',
+        '(' .. part.prefix .. '\1', 'LIMIT', i, 1)[1]
+      return string.sub(m, #part.prefix + 2)
+    end
+    -- As `Router.pick` over every engine: the best score, its ties in name order.
+    if ranked ~= nil and compare(ranked, best) == 0 and ntied > 0 then
+      if #tied_ex == 0 and #parts == 1 then return common(nth(parts[1], seed % ntied)) end
+      local ties = {}
+      for _, part in ipairs(parts) do
+        local names = redis.call('ZRANGEBYLEX', K_GORD, '[' .. part.prefix .. '\0',
+          '(' .. part.prefix .. '\1')
+        for _, m in ipairs(names) do
+          local name = string.sub(m, #part.prefix + 2)
+          if not special[name] then ties[#ties + 1] = {name = name} end
+        end
+      end
+      for _, c in ipairs(tied_ex) do ties[#ties + 1] = {name = c.name, c = c} end
+      table.sort(ties, function(a, b) return a.name < b.name end)
+      local t = ties[(seed % #ties) + 1]
+      return t.c or common(t.name)
+    end
+    return tied_ex[(seed % #tied_ex) + 1]
+  end
+
+  if grouped then
+    local got = ordered()
+    if got and got[1] == 'refused' then return finish(got) end
+    chosen = got
+    if not chosen then
+      -- Every engine of the group with a view, in name order, as a candidate.
+      local special = {}
+      for _, x in ipairs(exc) do special[x.name] = x.f end
+      local names = redis.call('HGET', K_GRP, g .. ':m') or ''
+      for name in string.gmatch(names, '[^\n]+') do
+        local v = eng.view_of(name)
+        if v then cands[#cands + 1] = candidate(name, v, special[name] or need_f) end
+      end
     end
   end
+
+  if not chosen then
+    -- Candidates within the tenant's KV share.
+    local engines, within, pool, need = {}, {}, 0, 0
+    local fields = {} -- the loads of the candidates within the share: 'b:<name>', 's:<name>'
+    for _, c in ipairs(cands) do
+      if c.b > need then need = c.b end -- the headroom rule's, before credit
+      credit(c)
+      engines[c.name] = true
+      pool = pool + c.cap
+      if within_share(c.b) then
+        within[#within + 1] = c
+        fields[#fields + 1] = 'b:' .. c.name
+        fields[#fields + 1] = 's:' .. c.name
+      end
+    end
+    if #cands > 0 and #within == 0 then return refuse('tenant_kv_share') end
+    local rule = headroom_rule(pool, need)
+    local reply = line_reply(engines, rule)
+    if reply then return finish(reply) end
+
+    -- Routing (gateway/core/routing.py): filter, score, then a seeded choice among ties.
+    local pool_free = 0
+    for first = 1, #within, 500 do -- one HMGET per 500 engines (unpack's limit is far above)
+      local last = math.min(#within, first + 499)
+      local loads = redis.call('HMGET', K_LOAD, unpack(fields, 2 * first - 1, 2 * last))
+      for i = first, last do
+        local c, at_ = within[i], 2 * (i - first)
+        local res_b = tonumber(loads[at_ + 1]) or 0
+        c.res_b, c.res_s = res_b, tonumber(loads[at_ + 2]) or 0
+        local free = c.cap - res_b - c.for_b
+        if free > 0 then pool_free = pool_free + free end
+      end
+    end
+    local best, ties = nil, {}
+    for _, c in ipairs(within) do
+      local free = c.cap - c.res_b - c.for_b
+      local running = c.res_s + c.for_s
+      local room = c.healthy and c.b <= free and c.s <= c.max_seqs - running
+      if room and rule then
+        if rule.excess == nil then with_claims(rule, pool_free) end
+        room = allows(rule, c.b, c.cap, free)
+      end
+      if room then
+        local score = score_of(c, free, running)
+        if score == nil then return redis.error_reply('unknown scorer in ' .. ARGV[16]) end
+        local cmp = best and compare(score, best) or 1
+        if cmp > 0 then
+          best, ties = score, {c}
+        elseif cmp == 0 then
+          ties[#ties + 1] = c
+        end
+      end
+    end
+    if best == nil then return refuse('no_capacity') end
+    chosen = ties[(seed % #ties) + 1]
+  end
 end
-if best == nil then return refuse('no_capacity') end
-local chosen = ties[(seed % #ties) + 1]
 
 -- The lease, the counters, the charges.
 local l = {
@@ -213,9 +505,7 @@ if chosen.h and #chosen.h > 0 then l.h, l.c = chosen.h, chosen.cr end
 hset(K_LEASES, id, cjson.encode(l))
 zadd(K_LEXP, NOW + lease_ttl, id)
 local shared = l.h and hold_prefix(l.e, l.h) or 0
-add(K_LOAD, 'b:' .. chosen.name, private(l, l.b) + shared)
-add(K_LOAD, 's:' .. chosen.name, chosen.s)
-add(K_LOAD, 'p:' .. chosen.name, private(l, l.pb) + shared)
+load_add(chosen.name, private(l, l.b) + shared, chosen.s, private(l, l.pb) + shared)
 local rec = headroom > 0 and observe(tenant, weight, held, window, chosen.b) or nil
 add(K_TEN, 'n:' .. tenant, 1)
 add(K_TEN, 'k:' .. tenant, chosen.b)

@@ -42,7 +42,23 @@
 --                   the tenants holding blocks whose record has b: the burst claims
 --                   (headroom.py burst_claim) that may hold at a share are the first few
 --                   from the bottom; in the records' TTL group
---  18 touch   STRING the TTL clock (always the last key): set by each full `touch` for 1 %
+--  18 views   HASH  engine -> its view as the scheduler last pushed it (`set_views`, the
+--                   newest push wins): "usable blocks,max_num_seqs,staged seqs,foreign
+--                   blocks,foreign seqs,healthy 1/0" (issue 14, docs/engine-index.md)
+--  19 grp     HASH  the named engine groups (`set_group`): "<g>" its KV ceiling, "<g>:m" its
+--                   engines (sorted, '\n' between), "<g>:c" / "<g>:f" / "<g>:n" the sums of
+--                   its engines' capacities, free blocks (each at least 0) and count (those
+--                   with a view), "<g>:k:<cap>,<seqs>,<staged>" -> kind number, "<g>:K:<n>"
+--                   the kind back, "<g>:kc:<n>" engines of that kind, "<g>:kn" kinds so
+--                   far, "<g>\0<engine>" -> "cap|free|kind|its member in gord ('' when out)"
+--  20 eg      HASH  engine -> the groups it belongs to ('\n' between)
+--  21 gord    ZSET  score 0, member "<g>\0<rank>\0<engine>" for each engine of a group
+--                   that could take a one-sequence request (healthy, a free slot): rank =
+--                   %012.0f of 1e11 - free, %07.0f running, %05.0f kind, so a group's
+--                   engines read in lex order are best first (engine_order.py)
+--  22 pfh     ZSET  score 0, member "<first prefix hash hex>\0<engine>": the engines where
+--                   live leases hold a prefix beginning with that hash (prefix credit)
+--  23 touch   STRING the TTL clock (always the last key): set by each full `touch` for 1 %
 --                   of the key TTL; while it lives, a call checks the TTLs of only the keys it
 --                   may have created
 -- ARGV[1] key TTL (s), ARGV[2] change channel; the script's own arguments follow.
@@ -61,6 +77,7 @@ local tonumber, tostring, pairs, ipairs, unpack, math, string, table, cjson
 local K_LEASES, K_LEXP, K_LOAD, K_TEN, K_RATE
 local K_Q, K_QENT, K_QEXP, K_QTF, K_FAIR
 local K_ACT, K_PFX, K_ACTS, K_ACTR, K_ACTA, K_FAIRH, K_ACTB, K_TOUCH
+local K_VIEWS, K_GRP, K_EG, K_GORD, K_PFH
 local ALL_KEYS, KEY_TTL_MS, CHANNEL, NOW, USEC
 -- What this script changed for waiters (published by `finish`): `released` capacity (a
 -- lease ended), the entries that `departed` the line, the entries that `moved` up when an
@@ -84,6 +101,9 @@ local firstq, lastq
 -- The keys this call may have created (key -> true): a write that added a field or a member,
 -- or a counter that now holds just what was added. `finish` gives such a key a TTL.
 local made
+-- The groups' KV ceilings (group -> ceiling, false: no such group) and kinds (group \0 kind
+-- -> {cap, seqs, staged}) as this call read them.
+local ceilings, kinds
 
 local function begin(keys, argv)
   tonumber, tostring, pairs, ipairs, unpack, math, string, table, cjson = standard()
@@ -92,6 +112,7 @@ local function begin(keys, argv)
   K_Q, K_QENT, K_QEXP, K_QTF, K_FAIR = keys[6], keys[7], keys[8], keys[9], keys[10]
   K_ACT, K_PFX, K_ACTS, K_ACTR = keys[11], keys[12], keys[13], keys[14]
   K_ACTA, K_FAIRH, K_ACTB = keys[15], keys[16], keys[17]
+  K_VIEWS, K_GRP, K_EG, K_GORD, K_PFH = keys[18], keys[19], keys[20], keys[21], keys[22]
   K_TOUCH = keys[#keys] -- the TTL clock is the last key (redis.py KEY_NAMES)
   KEY_TTL_MS = math.floor(tonumber(argv[1]) * 1000)
   CHANNEL = argv[2]
@@ -104,6 +125,7 @@ local function begin(keys, argv)
   fair = {}
   firstq, lastq = {}, {}
   made = {}
+  ceilings, kinds = {}, {}
 end
 
 local NEWCOMER_SEQ = '9999999999999999'
@@ -563,8 +585,9 @@ end
 -- A lease on `engine` holds `hashes` now: how many no lease held before.
 local function hold_prefix(engine, hashes)
   local new = 0
-  for _, h in ipairs(hashes) do
+  for j, h in ipairs(hashes) do
     if hincrby(K_PFX, engine .. '\0' .. h, 1) == 1 then new = new + 1 end
+    if j == 1 then zadd(K_PFH, 0, h .. '\0' .. engine) end -- the holders (`holders`)
   end
   return new
 end
@@ -572,15 +595,174 @@ end
 -- A lease that held `hashes` on `engine` ended: how many no lease holds now.
 local function drop_prefix(engine, hashes)
   local freed = 0
-  for _, h in ipairs(hashes) do
+  for j, h in ipairs(hashes) do
     local f = engine .. '\0' .. h
     local left = redis.call('HINCRBY', K_PFX, f, -1) -- a field made here goes at once
     if left <= 0 then
       redis.call('HDEL', K_PFX, f)
+      if j == 1 then redis.call('ZREM', K_PFH, h .. '\0' .. engine) end
       if left == 0 then freed = freed + 1 end
     end
   end
   return freed
+end
+
+-- ---- engines kept ordered per group (gateway/core/engine_order.py; issue 14) ----------
+-- Each group's engines that could take a one-sequence request are members of gord, ranked
+-- in lex order by (most free blocks, fewest running, kind, name); every change of an
+-- engine's load (`load_add`) or view (`set_views`) moves it in each of its groups (`reorder`),
+-- with the group's sums of capacity and free blocks kept by difference. The helpers are the
+-- fields of `eng` (a script prepended with this file has at most 200 locals).
+local eng = {}
+
+-- The engines where live leases hold a prefix beginning with `h` (hex).
+function eng.holders(h)
+  local out = {}
+  for _, m in ipairs(redis.call('ZRANGEBYLEX', K_PFH, '[' .. h .. '\0', '(' .. h .. '\1')) do
+    out[#out + 1] = string.sub(m, #h + 2)
+  end
+  return out
+end
+
+-- An engine's view as pushed (views hash), nil without one.
+function eng.view_of(name)
+  local raw = redis.call('HGET', K_VIEWS, name)
+  if not raw then return nil end
+  local u, q, st, fb, fs, ok = string.match(raw, '^([^,]+),([^,]+),([^,]+),([^,]+),([^,]+),(.)$')
+  return {
+    usable = tonumber(u), seqs = tonumber(q), staged = tonumber(st), fb = tonumber(fb),
+    fs = tonumber(fs), healthy = ok == '1',
+  }
+end
+
+-- A group's KV ceiling, nil when the group is not set (or its keys expired).
+function eng.group_ceiling(g)
+  local c = ceilings[g]
+  if c == nil then
+    c = tonumber(redis.call('HGET', K_GRP, g)) or false
+    ceilings[g] = c
+  end
+  return c or nil
+end
+
+-- The rank part of a member: ascending lex order is (most free, fewest running, kind).
+function eng.rank_of(free, running, kind)
+  return string.format('%012.0f%07.0f%05.0f', 1e11 - free, running, kind)
+end
+eng.RANK_LEN = 24
+
+-- free, running, kind and name of a member of group `g`.
+function eng.parse_member(g, m)
+  local at = #g + 2
+  return 1e11 - tonumber(string.sub(m, at, at + 11)), tonumber(string.sub(m, at + 12, at + 18)),
+    tonumber(string.sub(m, at + 19, at + 23)), string.sub(m, at + eng.RANK_LEN + 1)
+end
+
+-- A kind of group `g` (engines alike in all a decision reads but their load): {cap, seqs,
+-- staged}.
+function eng.kind_info(g, kind)
+  local key = g .. '\0' .. kind
+  local k = kinds[key]
+  if k == nil then
+    local raw = redis.call('HGET', K_GRP, g .. ':K:' .. kind)
+    local cap, q, st = string.match(raw, '^([^,]+),([^,]+),([^,]+)$')
+    k = {cap = tonumber(cap), seqs = tonumber(q), staged = tonumber(st)}
+    kinds[key] = k
+  end
+  return k
+end
+
+function eng.kind_of(g, cap, seqs, staged)
+  local spec = cap .. ',' .. seqs .. ',' .. staged
+  local got = redis.call('HGET', K_GRP, g .. ':k:' .. spec)
+  if got then return tonumber(got) end
+  local n = hincrby(K_GRP, g .. ':kn', 1) - 1
+  hset(K_GRP, g .. ':k:' .. spec, n, g .. ':K:' .. n, spec)
+  return n
+end
+
+-- The smallest capacity among the group's engines with a view (0: none).
+function eng.min_capacity(g)
+  local least = nil
+  for kind = 0, num(redis.call('HGET', K_GRP, g .. ':kn')) - 1 do
+    if num(redis.call('HGET', K_GRP, g .. ':kc:' .. kind)) > 0 then
+      local cap = eng.kind_info(g, kind).cap
+      if least == nil or cap < least then least = cap end
+    end
+  end
+  return least or 0
+end
+
+-- Engine `name` of group `g` (ceiling `ceiling`) has view `v` (nil: none) and the load
+-- `b` blocks, `s` sequences: its place in gord and the group's sums.
+function eng.place(g, ceiling, name, v, b, s)
+  local f = g .. '\0' .. name
+  local old = redis.call('HGET', K_GRP, f)
+  local o_cap, o_free, o_kind, o_member
+  if old then
+    local c, fr, k, m = string.match(old, '^([^|]*)|([^|]*)|([^|]*)|(.*)$')
+    o_cap, o_free, o_kind, o_member = tonumber(c), tonumber(fr), tonumber(k), m
+  end
+  if v == nil then
+    if old then
+      add(K_GRP, g .. ':c', -o_cap)
+      add(K_GRP, g .. ':f', -o_free)
+      add(K_GRP, g .. ':n', -1)
+      add(K_GRP, g .. ':kc:' .. o_kind, -1)
+      redis.call('HDEL', K_GRP, f)
+      if o_member ~= '' then redis.call('ZREM', K_GORD, o_member) end
+    end
+    return
+  end
+  local cap = math.floor(v.usable * ceiling) -- EngineSpec.capacity_blocks
+  local kind = eng.kind_of(g, cap, v.seqs, v.staged)
+  local free = cap - b - v.fb
+  local clipped = free > 0 and free or 0
+  local running = s + v.fs
+  local member = ''
+  if v.healthy and v.seqs + v.staged > running then
+    member = g .. '\0' .. eng.rank_of(free, running, kind) .. '\0' .. name
+  end
+  if old then
+    if member == o_member and cap == o_cap and clipped == o_free and kind == o_kind then
+      return
+    end
+    add(K_GRP, g .. ':c', cap - o_cap)
+    add(K_GRP, g .. ':f', clipped - o_free)
+    if kind ~= o_kind then
+      add(K_GRP, g .. ':kc:' .. o_kind, -1)
+      add(K_GRP, g .. ':kc:' .. kind, 1)
+    end
+    if o_member ~= '' and o_member ~= member then redis.call('ZREM', K_GORD, o_member) end
+  else
+    add(K_GRP, g .. ':c', cap)
+    add(K_GRP, g .. ':f', clipped)
+    add(K_GRP, g .. ':n', 1)
+    add(K_GRP, g .. ':kc:' .. kind, 1)
+  end
+  if member ~= '' and member ~= o_member then zadd(K_GORD, 0, member) end
+  hset(K_GRP, f, cap .. '|' .. clipped .. '|' .. kind .. '|' .. member)
+end
+
+-- Engine `name`'s load or view changed: move it in each of its groups.
+local function reorder(name)
+  local groups = redis.call('HGET', K_EG, name)
+  if not groups then return end
+  local v = eng.view_of(name)
+  local load = redis.call('HMGET', K_LOAD, 'b:' .. name, 's:' .. name)
+  local b, s = num(load[1]), num(load[2])
+  for g in string.gmatch(groups, '[^\n]+') do
+    local ceiling = eng.group_ceiling(g)
+    if ceiling then eng.place(g, ceiling, name, v, b, s) end
+  end
+end
+
+-- Reserve (or, negative, give back) blocks, sequences and prompt blocks on an engine.
+local function load_add(engine, b, s, p)
+  add(K_LOAD, 'b:' .. engine, b)
+  add(K_LOAD, 's:' .. engine, s)
+  add(K_LOAD, 'p:' .. engine, p)
+  reorder(engine)
 end
 
 -- A lease's `v` (its blocks or its prompt blocks) less the prefix blocks it shares.
@@ -597,9 +779,7 @@ local function drop_lease(id, used)
   local held = num(redis.call('HGET', K_TEN, 'k:' .. l.t))
   local rec = observe(l.t, nil, held, nil)
   local freed = l.h and drop_prefix(l.e, l.h) or 0
-  add(K_LOAD, 'b:' .. l.e, -(private(l, l.b) + freed))
-  add(K_LOAD, 's:' .. l.e, -l.s)
-  add(K_LOAD, 'p:' .. l.e, -(private(l, l.pb or 0) + freed))
+  load_add(l.e, -(private(l, l.b) + freed), -l.s, -(private(l, l.pb or 0) + freed))
   add(K_TEN, 'n:' .. l.t, -1)
   add(K_TEN, 'k:' .. l.t, -l.b)
   if used ~= nil and present(l.tpm) and used ~= l.k then

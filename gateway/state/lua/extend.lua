@@ -16,7 +16,7 @@ local held = num(redis.call('HGET', K_TEN, 'k:' .. l.t))
 local rec = observe(l.t, nil, held, nil) -- before
 l.b = target
 hset(K_LEASES, ARGV[3], cjson.encode(l))
-add(K_LOAD, 'b:' .. l.e, more)
+load_add(l.e, more, 0, 0)
 add(K_TEN, 'k:' .. l.t, more)
 settle(l.t, rec, held + more)
 if present(l.p) and present(l.w) then

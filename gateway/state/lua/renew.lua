@@ -20,9 +20,7 @@ for i = 5 + entries, #ARGV - 1, 2 do
     hset(K_LEASES, id, raw)
     zadd(K_LEXP, NOW + ttl, id)
     local new = l.h and hold_prefix(l.e, l.h) or 0
-    add(K_LOAD, 'b:' .. l.e, private(l, l.b) + new)
-    add(K_LOAD, 's:' .. l.e, l.s)
-    add(K_LOAD, 'p:' .. l.e, private(l, l.pb or 0) + new)
+    load_add(l.e, private(l, l.b) + new, l.s, private(l, l.pb or 0) + new)
     add(K_TEN, 'n:' .. l.t, 1)
     add(K_TEN, 'k:' .. l.t, l.b)
     settle(l.t, rec, held + l.b)

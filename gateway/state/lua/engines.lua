@@ -1,0 +1,64 @@
+-- engines: what grouped asks are decided on (issue 14, docs/engine-index.md).
+-- ARGV 3 'views', then per engine 7 values: name, usable blocks, max_num_seqs, staged seqs,
+--   foreign blocks, foreign seqs, healthy '1'/'0' (an empty usable: no view). Each engine
+--   is moved in its groups. Reply: the number of views.
+-- ARGV 3 'group', 4 its name, 5 its KV ceiling, then its engines (sorted): the group is
+--   made afresh from the views and loads held (unless it is already so). Reply 1 if made,
+--   0 if it was already so.
+local what = ARGV[3]
+if what == 'views' then
+  local n = 0
+  for i = 4, #ARGV, 7 do
+    local name = ARGV[i]
+    if ARGV[i + 1] == '' then
+      redis.call('HDEL', K_VIEWS, name)
+    else
+      hset(K_VIEWS, name, table.concat({ARGV[i + 1], ARGV[i + 2], ARGV[i + 3], ARGV[i + 4],
+        ARGV[i + 5], ARGV[i + 6]}, ','))
+    end
+    reorder(name)
+    n = n + 1
+  end
+  return finish(n)
+elseif what == 'group' then
+  local g, ceiling = ARGV[4], ARGV[5]
+  local names = {}
+  for i = 6, #ARGV do names[#names + 1] = ARGV[i] end
+  local members = table.concat(names, '\n')
+  local was = redis.call('HMGET', K_GRP, g, g .. ':m')
+  if was[1] == ceiling and was[2] == members then return finish(0) end
+  -- Whatever the group held before goes: its engines' places, its sums and kinds.
+  if was[2] then
+    for old in string.gmatch(was[2], '[^\n]+') do
+      redis.call('HDEL', K_GRP, g .. '\0' .. old)
+      local groups = redis.call('HGET', K_EG, old)
+      if groups then
+        local keep = {}
+        for h in string.gmatch(groups, '[^\n]+') do
+          if h ~= g then keep[#keep + 1] = h end
+        end
+        if #keep > 0 then
+          redis.call('HSET', K_EG, old, table.concat(keep, '\n'))
+        else
+          redis.call('HDEL', K_EG, old)
+        end
+      end
+    end
+  end
+  for kind = 0, num(redis.call('HGET', K_GRP, g .. ':kn')) - 1 do
+    local spec = redis.call('HGET', K_GRP, g .. ':K:' .. kind)
+    redis.call('HDEL', K_GRP, g .. ':K:' .. kind, g .. ':kc:' .. kind)
+    if spec then redis.call('HDEL', K_GRP, g .. ':k:' .. spec) end
+  end
+  redis.call('HDEL', K_GRP, g .. ':c', g .. ':f', g .. ':n', g .. ':kn')
+  redis.call('ZREMRANGEBYLEX', K_GORD, '[' .. g .. '\0', '(' .. g .. '\1')
+  hset(K_GRP, g, ceiling, g .. ':m', members)
+  ceilings[g], kinds = tonumber(ceiling), {}
+  for _, name in ipairs(names) do
+    local groups = redis.call('HGET', K_EG, name)
+    hset(K_EG, name, groups and (groups .. '\n' .. g) or g)
+    reorder(name)
+  end
+  return finish(1)
+end
+return redis.error_reply('engines: unknown ' .. tostring(what))
