@@ -116,6 +116,12 @@ RENEW_CHUNK = 100
 most ~0.45 ms each (measured) instead of one of ~15 ms that holds Redis's one thread, for
 ~1.3x the server time in all (issue 14; docs/benchmarks.md)."""
 _DEPARTED_KEPT = 4096  # entries remembered as gone (`wait_behind` begun after the notice)
+ORDER_MIN_ENGINES = 16
+"""Engine sets (`set_group`) this large or larger are kept ordered on Redis (grouped asks
+decided from the order, docs/engine-index.md); the asks for smaller ones go as candidates.
+Measured (docs/benchmarks.md, "engines kept ordered on Redis"): keeping the order costs a
+few Redis commands at every change of an engine's load, which scoring every candidate
+costs less than below ~16 engines (server time), more above."""
 MAX_CONNECTIONS = 32
 """The default pool size per store (per gateway process)."""
 MIN_CONNECTIONS = 3  # the listener, the renewals, and at least one for the request path
@@ -176,6 +182,7 @@ class RedisStore:
         active_window_s: float = room.ACTIVE_WINDOW_S,
         max_connections: int = MAX_CONNECTIONS,
         functions: bool = True,
+        order_min_engines: int = ORDER_MIN_ENGINES,
     ) -> None:
         if lease_ttl_s <= 0:
             raise ValueError("lease_ttl_s must be > 0")
@@ -244,21 +251,29 @@ class RedisStore:
         self._behind = BehindWaiters(_DEPARTED_KEPT)  # `wait_behind` callers: the notices
         self._tasks: list[asyncio.Task[None]] = []
         self._closed = False
-        # Views and groups as this replica gave them to Redis (engines.lua), to give again
-        # when Redis lost them; `_unsynced`: a push failed, give them all before the next ask.
+        # Views and groups as the scheduler gave them. The groups of `order_min_engines` or
+        # more engines are kept ordered on Redis (`_ordered`; their engines `_in_order`,
+        # whose views Redis keeps), to give again when Redis lost them; `_unsynced`: a push
+        # failed, give them all before the next grouped ask.
         self.engines = EngineBook()
+        self.order_min_engines = order_min_engines
+        self._ordered: dict[str, Group] = {}
+        self._in_order: set[str] = set()
         self._unsynced = False
 
     # ---- the port ------------------------------------------------------------------------
 
     async def try_admit(self, ask: AdmissionAsk) -> Lease | Refusal:
         check_policy(ask.tenant.priority, ask.tenant.weight)
-        if ask.group is not None and (ask.need is None or ask.need.credit):
-            ask = self.engines.expand(ask)  # credit is the store's to give: as candidates
+        if ask.group is not None and (
+            ask.group not in self._ordered or ask.need is None or ask.need.credit
+        ):
+            # A small group (or one never set: KeyError), or a need that arrives credited
+            # (credit is the store's to give): decided as the candidates it stands for.
+            ask = self.engines.expand(ask)
         if ask.group is not None:
             # Decided from the views and groups Redis holds (engines.lua): the group's
             # engines kept ordered by free blocks (admit.lua `ordered`).
-            self.engines.group(ask.group)  # a group never set is a programming error
             if self._unsynced:
                 await self._regroup()
             args = self._admit_args(ask)
@@ -303,36 +318,42 @@ class RedisStore:
 
     async def set_views(self, views: Sequence[EngineView]) -> None:
         changed = self.engines.set_views(views)
-        if changed and not self._unsynced:
-            await self._push_views(changed)
+        ordered = [name for name in changed if name in self._in_order]
+        if ordered and not self._unsynced:
+            await self._push(["views", *self._view_args(ordered)])
 
     async def set_group(self, group: str, engines: frozenset[str], kv_ceiling: float) -> None:
         made = self.engines.set_group(group, engines, kv_ceiling)
+        if len(made.names) < self.order_min_engines:
+            self._ordered.pop(group, None)  # its asks go as candidates
+            return
+        self._ordered[group] = made
+        self._in_order.update(made.names)
         if not self._unsynced:
-            await self._push_group(group, made)
+            views = [name for name in made.names if name in self.engines.views]
+            if views:
+                await self._push(["views", *self._view_args(views)])
+            await self._push(["group", group, repr(made.kv_ceiling), *made.names])
 
-    async def _push_views(self, names: Sequence[str]) -> None:
-        """Give Redis these engines' views; if it does not answer, every view and group is
-        given again before the next grouped ask (`_regroup`)."""
+    async def _push(self, args: list[str]) -> None:
+        """Give Redis views or a group (engines.lua); if it does not answer, every view and
+        group is given again before the next grouped ask (`_regroup`)."""
+        if self._unsynced:
+            return
         try:
-            await self._call("engines", ["views", *self._view_args(names)])
-        except StateUnavailable:
-            self._unsynced = True
-
-    async def _push_group(self, group: str, made: Group) -> None:
-        try:
-            await self._call("engines", ["group", group, repr(made.kv_ceiling), *made.names])
+            await self._call("engines", args)
         except StateUnavailable:
             self._unsynced = True
 
     async def _regroup(self) -> None:
-        """Give Redis every view and group this replica knows (its keys expired, or a push
-        failed); raises `StateUnavailable` if it does not answer."""
+        """Give Redis every view and group this replica keeps ordered there (their keys
+        expired, or a push failed); raises `StateUnavailable` if it does not answer."""
         self._unsynced = False
         try:
-            if self.engines.views:
-                await self._call("engines", ["views", *self._view_args(list(self.engines.views))])
-            for group, made in list(self.engines.groups.items()):
+            views = [name for name in self._in_order if name in self.engines.views]
+            if views:
+                await self._call("engines", ["views", *self._view_args(views)])
+            for group, made in list(self._ordered.items()):
                 await self._call("engines", ["group", group, repr(made.kv_ceiling), *made.names])
         except StateUnavailable:
             self._unsynced = True

@@ -42,6 +42,7 @@ def _store(scorers: tuple[str, ...], headroom: float, prefix: str) -> RedisStore
         headroom=headroom,
         active_window_s=3600.0,  # slow decay: each store reads its own Redis clock
         burst_blocks=16,
+        order_min_engines=1,  # every group kept ordered on Redis, however small
     )
 
 
@@ -122,7 +123,9 @@ async def test_a_group_redis_lost_is_given_again() -> None:
     """The group's keys expired (here: deleted): the ask is answered after the replica gives
     its views and groups again."""
     prefix = new_prefix()
-    store = RedisStore(redis_url(), DEFAULT_SCORERS, replica_id="a", key_prefix=prefix, seed=0)
+    store = RedisStore(
+        redis_url(), DEFAULT_SCORERS, replica_id="a", key_prefix=prefix, seed=0, order_min_engines=1
+    )
     try:
         spec = EngineSpec("e1", "", frozenset({"m"}), 20, 16, 4, 4096)
         await store.set_views([EngineView(spec, EngineLoad())])
@@ -145,7 +148,9 @@ async def test_a_tie_around_an_exception_is_chosen_as_among_every_engine() -> No
     views = {s.name: EngineView(s, EngineLoad()) for s in specs}
     prefixes = [new_prefix(), new_prefix()]
     scored, grouped = (
-        RedisStore(redis_url(), DEFAULT_SCORERS, replica_id="a", key_prefix=p, seed=3)
+        RedisStore(
+            redis_url(), DEFAULT_SCORERS, replica_id="a", key_prefix=p, seed=3, order_min_engines=1
+        )
         for p in prefixes
     )
     book = EngineBook()
@@ -172,3 +177,87 @@ async def test_a_tie_around_an_exception_is_chosen_as_among_every_engine() -> No
             await store.close()
         for p in prefixes:
             await drop_keys(p)
+
+
+@pytest.mark.parametrize("kinds", [1, 2])
+@pytest.mark.parametrize("scorers", [DEFAULT_SCORERS, ("most_free_blocks",)])
+async def test_ties_wider_than_one_read_of_the_order(scorers: tuple[str, ...], kinds: int) -> None:
+    """70 engines of one or two kinds, many ranked as one (more than the walk reads at once,
+    32): the parts and the exceptions' places in them are found by range reads, and every
+    choice is the expanded ask's."""
+    rng = random.Random(5)
+    specs = [
+        EngineSpec(f"e{i:02}", "", frozenset({"m"}), 41, 16, 4 + i % kinds, 4096) for i in range(70)
+    ]
+    views = {s.name: EngineView(s, EngineLoad()) for s in specs}
+    names = sorted(views)
+    prefixes = [new_prefix(), new_prefix()]
+    scored, grouped = (
+        RedisStore(redis_url(), scorers, replica_id="a", key_prefix=p, seed=11, order_min_engines=1)
+        for p in prefixes
+    )
+    book = EngineBook()
+    book.set_views(views.values())
+    book.set_group("m", frozenset(views), 1.0)
+    await grouped.set_views(list(views.values()))
+    await grouped.set_group("m", frozenset(views), 1.0)
+    try:
+        leases: list[Lease] = []
+        for i in range(300):
+            if rng.random() < 0.7 or not leases:
+                need = Footprint(rng.choice((1, 2, 4)), 1, 64)
+                exceptions = tuple(
+                    (
+                        n,
+                        Footprint(
+                            need.blocks + rng.choice((0, 3)), 1, 64, cached=rng.choice((0, 1))
+                        ),
+                    )
+                    for n in rng.sample(names, rng.choice((0, 1, 3)))
+                )
+                ask = AdmissionAsk(f"a{i}", group="m", need=need, exceptions=exceptions)
+                want = await scored.try_admit(book.expand(ask))
+                got = await grouped.try_admit(ask)
+                assert got == want, (i, ask)
+                if isinstance(got, Lease):
+                    leases.append(got)
+            else:
+                lease = leases.pop(rng.randrange(len(leases)))
+                assert await scored.release(lease) and await grouped.release(lease)
+            assert await grouped.loads() == await scored.loads()
+        for lease in leases:
+            assert await scored.release(lease) and await grouped.release(lease)
+    finally:
+        for store in (scored, grouped):
+            await store.close()
+        for p in prefixes:
+            await drop_keys(p)
+
+
+async def test_a_group_smaller_than_order_min_engines_goes_as_candidates() -> None:
+    """Below `order_min_engines` nothing of the group is kept on Redis (keeping the order
+    costs more than scoring a few engines): its asks are expanded in the client."""
+    prefix = new_prefix()
+    store = RedisStore(
+        redis_url(), DEFAULT_SCORERS, replica_id="a", key_prefix=prefix, seed=0, order_min_engines=3
+    )
+    client = aioredis.from_url(redis_url())
+    try:
+        specs = [EngineSpec(f"e{i}", "", frozenset({"m"}), 20 + i, 16, 4, 4096) for i in range(3)]
+        await store.set_views([EngineView(s, EngineLoad()) for s in specs])
+        await store.set_group("two", frozenset({"e0", "e1"}), 1.0)
+        got = await store.try_admit(AdmissionAsk("a", group="two", need=Footprint(4, 1, 64)))
+        assert isinstance(got, Lease) and got.engine == "e1"
+        for key in ("views", "grp", "eg", "gord"):
+            assert not await client.exists(f"{{{prefix}}}:{key}"), key
+        await store.set_group("three", frozenset({"e0", "e1", "e2"}), 1.0)
+        assert await client.hget(f"{{{prefix}}}:grp", "three:n") == b"3"
+        assert await client.hlen(f"{{{prefix}}}:views") == 3
+        again = await store.try_admit(AdmissionAsk("b", group="three", need=Footprint(4, 1, 64)))
+        assert isinstance(again, Lease) and again.engine == "e2"
+        for lease in (got, again):
+            assert await store.release(lease)
+    finally:
+        await client.aclose()
+        await store.close()
+        await drop_keys(prefix)

@@ -148,7 +148,7 @@ async def commands_per_grouped_admission(engines: int, decisions: int = 30) -> t
     group (each lease kept, so the engines' free blocks part and the order moves), with the
     headroom rule on and another tenant active; and the arguments the script is sent."""
     prefix = new_prefix()
-    store = redis_store(prefix, lease_ttl_s=600.0, active_window_s=WINDOW_S)
+    store = redis_store(prefix, lease_ttl_s=600.0, active_window_s=WINDOW_S, order_min_engines=1)
     client = aioredis.from_url(redis_url())
     try:
         specs = [

@@ -76,7 +76,7 @@ do -- the choice (its locals end here: a script prepended with common.lua has at
   local grouped = ARGV[20] == 'g'
   local count = grouped and 0 or tonumber(ARGV[20])
   local lists, at = {}, nil
-  local g, ceiling, staged, need_f, exc = nil, nil, nil, nil, {}
+  local g, ceiling, staged, need_f, exc, sums = nil, nil, nil, nil, {}, nil
   if grouped then
     g, ceiling, staged = ARGV[22], tonumber(ARGV[23]), ARGV[24] == '1'
     local nexc = tonumber(ARGV[30])
@@ -116,7 +116,9 @@ do -- the choice (its locals end here: a script prepended with common.lua has at
 
   local cands = {} -- the ask's candidates, before credit
   if grouped then
-    if not eng.group_ceiling(g) then return finish({'regroup'}) end
+    -- The group's ceiling and sums, read once: {ceiling, engines with a view, capacity, free}.
+    sums = redis.call('HMGET', K_GRP, g, g .. ':n', g .. ':c', g .. ':f')
+    if not sums[1] then return finish({'regroup'}) end
     local function footprint(base)
       return {
         b = tonumber(ARGV[base]), s = tonumber(ARGV[base + 1]), pb = tonumber(ARGV[base + 2]),
@@ -249,8 +251,8 @@ do -- the choice (its locals end here: a script prepended with common.lua has at
   end
 
   local function ordered()
-    local present = num(redis.call('HGET', K_GRP, g .. ':n'))
-    if by_running == nil or ceiling ~= eng.group_ceiling(g) or present == 0 or need_f.s < 1 then
+    local present = num(sums[2])
+    if by_running == nil or ceiling ~= tonumber(sums[1]) or present == 0 or need_f.s < 1 then
       return nil
     end
     local special, nspecial = {}, 0 -- engine -> footprint
@@ -283,7 +285,7 @@ do -- the choice (its locals end here: a script prepended with common.lua has at
     for _, c in ipairs(ex) do
       if not within_share(c.b) then return nil end
     end
-    local rule = headroom_rule(num(redis.call('HGET', K_GRP, g .. ':c')), worst)
+    local rule = headroom_rule(num(sums[3]), worst)
     local members = setmetatable({}, {__index = function(t, name)
       local yes = redis.call('HEXISTS', K_GRP, g .. '\0' .. name) == 1
       rawset(t, name, yes)
@@ -293,7 +295,7 @@ do -- the choice (its locals end here: a script prepended with common.lua has at
     if reply then return reply end
     local floor, over = need_f.b, false
     if rule then
-      with_claims(rule, num(redis.call('HGET', K_GRP, g .. ':f')))
+      with_claims(rule, num(sums[4]))
       over = over_share(held, need_f.b, rule.mine, weight, rule.total, rule.pool)
       if over then floor = need_f.b + headroom * eng.min_capacity(g) end
     end
@@ -312,10 +314,10 @@ do -- the choice (its locals end here: a script prepended with common.lua has at
     end
 
     local lo, hi = '[' .. g .. '\0', '(' .. g .. '\1'
-    local first, offset, walking = nil, 0, true
+    local first, offset, walking, batch = nil, 0, true, nil
     while walking do
-      local batch = redis.call('ZRANGEBYLEX', K_GORD, lo, hi, 'LIMIT', offset, 32)
-      for _, m in ipairs(batch) do
+      batch = redis.call('ZRANGEBYLEX', K_GORD, lo, hi, 'LIMIT', offset, 32)
+      for at, m in ipairs(batch) do
         local free, running, kind, name = eng.parse_member(g, m)
         if free < floor then
           walking = false
@@ -328,27 +330,55 @@ do -- the choice (its locals end here: a script prepended with common.lua has at
             break
           end
           if verdict then
-            first = {name = name, free = free, running = running, kind = kind}
+            first = {name = name, free = free, running = running, kind = kind, at = at}
             walking = false
             break
           end
         end
       end
-      if #batch < 32 then walking = false end
-      offset = offset + 32
+      if walking then
+        if #batch < 32 then walking = false end
+        offset = offset + 32
+      end
     end
 
-    -- The engines ranked as the first: parts of one (running, kind), each in name order.
+    -- The engines ranked as the first: parts of one (running, kind), each in name order
+    -- (`names`: those not exceptions, when the walk's read holds the whole rank).
     local parts, ntied, ranked = {}, 0, nil
+    local function add_part(part, n, names, skip)
+      local free, running, kind = eng.parse_member(g, part .. '\0')
+      if n > #skip and passes(free, running, kind) then
+        table.sort(skip)
+        parts[#parts + 1] = {prefix = part, n = n, names = names, skip = skip}
+        ntied = ntied + n - #skip
+      end
+    end
+    local rank = first and eng.rank_of(first.free, first.running, first.kind)
+    local top = first and g .. '\0' .. string.sub(rank, 1, by_running == 'running' and 19 or 12)
+    local from, to = first and first.at, first and first.at
     if first then
-      local rank = eng.rank_of(first.free, first.running, first.kind)
-      local top = g .. '\0' .. string.sub(rank, 1, by_running == 'running' and 19 or 12)
+      while from > 1 and string.sub(batch[from - 1], 1, #top) == top do from = from - 1 end
+      while to < #batch and string.sub(batch[to + 1], 1, #top) == top do to = to + 1 end
+    end
+    if first and (from > 1 or offset == 0) and (to < #batch or #batch < 32) then
+      local part, names = nil, nil
+      for i = from, to do
+        local m = batch[i]
+        local p = string.sub(m, 1, #g + 1 + eng.RANK_LEN)
+        if p ~= part then
+          if part then add_part(part, #names, names, {}) end
+          part, names = p, {}
+        end
+        local name = string.sub(m, #p + 2)
+        if not special[name] then names[#names + 1] = name end
+      end
+      add_part(part, #names, names, {})
+    elseif first then
       local cursor = '[' .. top
       while true do
         local m = redis.call('ZRANGEBYLEX', K_GORD, cursor, '(' .. top .. '\255', 'LIMIT', 0, 1)[1]
         if not m then break end
         local part = string.sub(m, 1, #g + 1 + eng.RANK_LEN)
-        local free, running, kind = eng.parse_member(g, m)
         local n = redis.call('ZLEXCOUNT', K_GORD, '[' .. part .. '\0', '(' .. part .. '\1')
         local skip = {} -- the exceptions' places in this part (scored as exceptions)
         for name in pairs(special) do
@@ -358,20 +388,17 @@ do -- the choice (its locals end here: a script prepended with common.lua has at
             skip[#skip + 1] = redis.call('ZLEXCOUNT', K_GORD, '[' .. part .. '\0', '(' .. mm)
           end
         end
-        if n > #skip and passes(free, running, kind) then
-          table.sort(skip)
-          parts[#parts + 1] = {prefix = part, n = n, skip = skip}
-          ntied = ntied + n - #skip
-        end
+        add_part(part, n, nil, skip)
         cursor = '[' .. part .. '\1'
       end
+    end
+    if first then
       local k = eng.kind_info(g, first.kind)
       ranked = score_of({b = need_f.b, cached = need_f.cached, cap = k.cap}, first.free,
         first.running)
     end
 
     -- The exceptions, scored as every engine is.
-    local loads = {}
     local best = ranked
     for _, c in ipairs(ex) do
       local got = redis.call('HMGET', K_LOAD, 'b:' .. c.name, 's:' .. c.name)
@@ -395,6 +422,7 @@ do -- the choice (its locals end here: a script prepended with common.lua has at
     end
     -- The i-th (from 0) engine of a part, less its exceptions.
     local function nth(part, i)
+      if part.names then return part.names[i + 1] end
       for _, r in ipairs(part.skip) do
         if r <= i then i = i + 1 end
       end
@@ -407,11 +435,15 @@ do -- the choice (its locals end here: a script prepended with common.lua has at
       if #tied_ex == 0 and #parts == 1 then return common(nth(parts[1], seed % ntied)) end
       local ties = {}
       for _, part in ipairs(parts) do
-        local names = redis.call('ZRANGEBYLEX', K_GORD, '[' .. part.prefix .. '\0',
-          '(' .. part.prefix .. '\1')
-        for _, m in ipairs(names) do
-          local name = string.sub(m, #part.prefix + 2)
-          if not special[name] then ties[#ties + 1] = {name = name} end
+        if part.names then
+          for _, name in ipairs(part.names) do ties[#ties + 1] = {name = name} end
+        else
+          local names = redis.call('ZRANGEBYLEX', K_GORD, '[' .. part.prefix .. '\0',
+            '(' .. part.prefix .. '\1')
+          for _, m in ipairs(names) do
+            local name = string.sub(m, #part.prefix + 2)
+            if not special[name] then ties[#ties + 1] = {name = name} end
+          end
         end
       end
       for _, c in ipairs(tied_ex) do ties[#ties + 1] = {name = c.name, c = c} end

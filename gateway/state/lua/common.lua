@@ -50,7 +50,8 @@
 --                   its engines' capacities, free blocks (each at least 0) and count (those
 --                   with a view), "<g>:k:<cap>,<seqs>,<staged>" -> kind number, "<g>:K:<n>"
 --                   the kind back, "<g>:kc:<n>" engines of that kind, "<g>:kn" kinds so
---                   far, "<g>\0<engine>" -> "cap|free|kind|its member in gord ('' when out)"
+--                   far, "<g>\0<engine>" -> "cap,seqs,staged|free|kind|its member in gord
+--                   ('' when out)"
 --  20 eg      HASH  engine -> the groups it belongs to ('\n' between)
 --  21 gord    ZSET  score 0, member "<g>\0<rank>\0<engine>" for each engine of a group
 --                   that could take a one-sequence request (healthy, a free slot): rank =
@@ -169,10 +170,12 @@ local function hincrby(key, field, delta)
 end
 
 -- Add to a counter field; a field that reaches 0 is deleted (nothing left behind).
+-- Returns the counter's new value (nil when `delta` is 0: not read).
 local function add(key, field, delta)
-  if delta == 0 then return end
+  if delta == 0 then return nil end
   local v = hincrby(key, field, delta)
   if v == 0 then redis.call('HDEL', key, field) end
+  return v
 end
 
 -- ---- token buckets (gateway/core/tenants.py) -------------------------------------------
@@ -672,8 +675,7 @@ function eng.kind_info(g, kind)
   return k
 end
 
-function eng.kind_of(g, cap, seqs, staged)
-  local spec = cap .. ',' .. seqs .. ',' .. staged
+function eng.kind_of(g, spec)
   local got = redis.call('HGET', K_GRP, g .. ':k:' .. spec)
   if got then return tonumber(got) end
   local n = hincrby(K_GRP, g .. ':kn', 1) - 1
@@ -698,10 +700,11 @@ end
 function eng.place(g, ceiling, name, v, b, s)
   local f = g .. '\0' .. name
   local old = redis.call('HGET', K_GRP, f)
-  local o_cap, o_free, o_kind, o_member
+  local o_spec, o_cap, o_free, o_kind, o_member
   if old then
-    local c, fr, k, m = string.match(old, '^([^|]*)|([^|]*)|([^|]*)|(.*)$')
-    o_cap, o_free, o_kind, o_member = tonumber(c), tonumber(fr), tonumber(k), m
+    local sp, fr, k, m = string.match(old, '^([^|]*)|([^|]*)|([^|]*)|(.*)$')
+    o_spec, o_free, o_kind, o_member = sp, tonumber(fr), tonumber(k), m
+    o_cap = tonumber(string.match(sp, '^[^,]+'))
   end
   if v == nil then
     if old then
@@ -715,7 +718,8 @@ function eng.place(g, ceiling, name, v, b, s)
     return
   end
   local cap = math.floor(v.usable * ceiling) -- EngineSpec.capacity_blocks
-  local kind = eng.kind_of(g, cap, v.seqs, v.staged)
+  local spec = cap .. ',' .. v.seqs .. ',' .. v.staged
+  local kind = spec == o_spec and o_kind or eng.kind_of(g, spec)
   local free = cap - b - v.fb
   local clipped = free > 0 and free or 0
   local running = s + v.fs
@@ -724,7 +728,7 @@ function eng.place(g, ceiling, name, v, b, s)
     member = g .. '\0' .. eng.rank_of(free, running, kind) .. '\0' .. name
   end
   if old then
-    if member == o_member and cap == o_cap and clipped == o_free and kind == o_kind then
+    if member == o_member and spec == o_spec and clipped == o_free then
       return
     end
     add(K_GRP, g .. ':c', cap - o_cap)
@@ -733,24 +737,34 @@ function eng.place(g, ceiling, name, v, b, s)
       add(K_GRP, g .. ':kc:' .. o_kind, -1)
       add(K_GRP, g .. ':kc:' .. kind, 1)
     end
-    if o_member ~= '' and o_member ~= member then redis.call('ZREM', K_GORD, o_member) end
   else
     add(K_GRP, g .. ':c', cap)
     add(K_GRP, g .. ':f', clipped)
     add(K_GRP, g .. ':n', 1)
     add(K_GRP, g .. ':kc:' .. kind, 1)
   end
-  if member ~= '' and member ~= o_member then zadd(K_GORD, 0, member) end
-  hset(K_GRP, f, cap .. '|' .. clipped .. '|' .. kind .. '|' .. member)
+  -- The new member before the old one goes: a group of one engine keeps its key (and TTL).
+  if member ~= '' and member ~= o_member then
+    if old and o_member ~= '' then -- the key holds the old member: not made here
+      redis.call('ZADD', K_GORD, 0, member)
+    else
+      zadd(K_GORD, 0, member)
+    end
+  end
+  if old and o_member ~= '' and o_member ~= member then redis.call('ZREM', K_GORD, o_member) end
+  hset(K_GRP, f, spec .. '|' .. clipped .. '|' .. kind .. '|' .. member)
 end
 
 -- Engine `name`'s load or view changed: move it in each of its groups.
-local function reorder(name)
+-- `b`, `s`: its reserved blocks and sequences now, when the caller knows them.
+local function reorder(name, b, s)
   local groups = redis.call('HGET', K_EG, name)
   if not groups then return end
   local v = eng.view_of(name)
-  local load = redis.call('HMGET', K_LOAD, 'b:' .. name, 's:' .. name)
-  local b, s = num(load[1]), num(load[2])
+  if b == nil or s == nil then
+    local load = redis.call('HMGET', K_LOAD, 'b:' .. name, 's:' .. name)
+    b, s = num(load[1]), num(load[2])
+  end
   for g in string.gmatch(groups, '[^\n]+') do
     local ceiling = eng.group_ceiling(g)
     if ceiling then eng.place(g, ceiling, name, v, b, s) end
@@ -759,10 +773,10 @@ end
 
 -- Reserve (or, negative, give back) blocks, sequences and prompt blocks on an engine.
 local function load_add(engine, b, s, p)
-  add(K_LOAD, 'b:' .. engine, b)
-  add(K_LOAD, 's:' .. engine, s)
+  local b_now = add(K_LOAD, 'b:' .. engine, b)
+  local s_now = add(K_LOAD, 's:' .. engine, s)
   add(K_LOAD, 'p:' .. engine, p)
-  reorder(engine)
+  reorder(engine, b_now, s_now)
 end
 
 -- A lease's `v` (its blocks or its prompt blocks) less the prefix blocks it shares.
