@@ -15,7 +15,8 @@ flooding tenants (no limit), so the line stays long and the fair order has work 
 
 Checked by the parent every 0.2 s, reading Redis as the scripts keep it: no engine's
 reserved blocks above its capacity or sequences above its `max_num_seqs` (no over-commit),
-no tenant above its concurrency (limits across replicas). Replica 0 is SIGKILLed at
+no tenant above its concurrency (limits across replicas), the engine order Redis keeps for
+grouped asks in agreement with the reserved load (`order_broken`). Replica 0 is SIGKILLed at
 `--kill-at` s (nothing released, nothing renewed). At the end, after the leases' TTL: no
 lease, reservation, tenant counter or queue entry left (zero leaks). Fairness: what each
 class was admitted and how long it waited (p50 / p95); ten flooders among thousands of
@@ -134,9 +135,49 @@ async def replica(index: int, args: argparse.Namespace, url: str) -> dict[str, A
     }
 
 
+def order_broken(client: Any) -> list[str]:
+    """Where the engine order Redis keeps for grouped asks (docs/engine-index.md) disagrees
+    with the ledger: read in one MULTI, each engine's place in each group must show its
+    capacity less its reserved blocks (no foreign load here), its running sequences, and be
+    in the group's sorted set exactly when it could take a one-sequence request."""
+    pipe = client.pipeline(transaction=True)
+    for key in ("load", "grp", "gord"):
+        if key == "gord":
+            pipe.zrange(f"{{{PREFIX}}}:{key}", 0, -1)
+        else:
+            pipe.hgetall(f"{{{PREFIX}}}:{key}")
+    load_raw, grp, gord = pipe.execute()
+    load = {k.decode(): int(v) for k, v in load_raw.items()}
+    members = {m.decode() for m in gord}
+    broken, placed = [], set()
+    for field, value in grp.items():
+        group, sep, engine = field.decode().partition("\0")
+        if not sep:
+            continue
+        spec, _, rest = value.decode().partition("|")
+        clipped, kind, member = rest.split("|", 2)
+        cap, seqs, staged = (int(x) for x in spec.split(","))
+        free = cap - load.get(f"b:{engine}", 0)
+        running = load.get(f"s:{engine}", 0)
+        if int(clipped) != max(0, free):
+            broken.append(f"order {group[:8]} {engine}: free {clipped}, ledger {free}")
+        want = f"{group}\0{1e11 - free:012.0f}{running:07.0f}{int(kind):05.0f}\0{engine}"
+        if running < seqs + staged and member != want:
+            broken.append(f"order {group[:8]} {engine}: member {member!r}, ledger {want!r}")
+        if running >= seqs + staged and member:
+            broken.append(f"order {group[:8]} {engine}: full but ranked")
+        if member:
+            placed.add(member)
+            if member not in members:
+                broken.append(f"order {group[:8]} {engine}: {member!r} not in the sorted set")
+    if members - placed:
+        broken.append(f"order: {len(members - placed)} members of no engine's place")
+    return broken
+
+
 def check(client: Any, specs: list[Any], limits: int) -> list[str]:
     """What the shared state shows now that breaks an invariant."""
-    broken = []
+    broken = order_broken(client)
     load = {k.decode(): int(v) for k, v in client.hgetall(f"{{{PREFIX}}}:load").items()}
     for s in specs:
         if load.get(f"b:{s.name}", 0) > CAPACITY_BLOCKS:
@@ -212,8 +253,11 @@ def main(argv: list[str] | None = None) -> int:
             json.loads(c.stdout.read().splitlines()[-1]) for c in children[1 if killed else 0 :]
         ]
         time.sleep(LEASE_TTL_S + 1.0)  # the dead replica's leases and entries expire
-        client.close()
         leftovers = _leftovers(server.url)
+        # The order after everything was released and reaped: every engine back at the top.
+        order_end = order_broken(client)
+        order_size = client.zcard(f"{{{PREFIX}}}:gord")
+        client.close()
     finally:
         for c in children:
             if c.poll() is None:
@@ -228,12 +272,14 @@ def main(argv: list[str] | None = None) -> int:
         "capacity_blocks": CAPACITY_BLOCKS * args.engines,
         "peak_line": peak_line,
         "leftovers": leftovers,
+        "order_at_end": order_end[:20],
+        "order_members_at_end": order_size,
         "replicas": results,
     }
     print(json.dumps(summary, indent=1))
     if args.json:
         args.json.write_text(json.dumps(summary, indent=1))
-    return 0 if not broken and not any(leftovers.values()) else 1
+    return 0 if not broken and not order_end and not any(leftovers.values()) else 1
 
 
 def _leftovers(url: str) -> dict[str, int]:

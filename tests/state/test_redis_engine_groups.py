@@ -119,12 +119,20 @@ async def test_grouped_asks_on_redis_where_engines_tie_and_the_headroom_rule_hol
             await drop_keys(p)
 
 
-async def test_a_group_redis_lost_is_given_again() -> None:
+@pytest.mark.parametrize("functions", [True, False])
+async def test_a_group_redis_lost_is_given_again(functions: bool) -> None:
     """The group's keys expired (here: deleted): the ask is answered after the replica gives
-    its views and groups again."""
+    its views and groups again (by FCALL of the function library and by EVALSHA, as on a
+    Redis before 7.0)."""
     prefix = new_prefix()
     store = RedisStore(
-        redis_url(), DEFAULT_SCORERS, replica_id="a", key_prefix=prefix, seed=0, order_min_engines=1
+        redis_url(),
+        DEFAULT_SCORERS,
+        replica_id="a",
+        key_prefix=prefix,
+        seed=0,
+        order_min_engines=1,
+        functions=functions,
     )
     try:
         spec = EngineSpec("e1", "", frozenset({"m"}), 20, 16, 4, 4096)
