@@ -104,6 +104,7 @@ KEY_NAMES = (
     "eg",
     "gord",
     "pfh",
+    "gone",
     "touch",  # last: the scripts take the last key as the TTL clock (common.lua `touch`)
 )
 SCRIPTS = ("admit", "release", "renew", "extend", "enqueue", "dequeue", "inspect", "engines")

@@ -59,7 +59,9 @@
 --                   engines read in lex order are best first (engine_order.py)
 --  22 pfh     ZSET  score 0, member "<first prefix hash hex>\0<engine>": the engines where
 --                   live leases hold a prefix beginning with that hash (prefix credit)
---  23 touch   STRING the TTL clock (always the last key): set by each full `touch` for 1 %
+--  23 gone    ZSET  lease id -> when its replica released it (release.lua), for 60 s: a
+--                   renewal round that was on its way then does not write it again
+--  24 touch   STRING the TTL clock (always the last key): set by each full `touch` for 1 %
 --                   of the key TTL; while it lives, a call checks the TTLs of only the keys it
 --                   may have created
 -- ARGV[1] key TTL (s), ARGV[2] change channel; the script's own arguments follow.
@@ -78,7 +80,7 @@ local tonumber, tostring, pairs, ipairs, unpack, math, string, table, cjson
 local K_LEASES, K_LEXP, K_LOAD, K_TEN, K_RATE
 local K_Q, K_QENT, K_QEXP, K_QTF, K_FAIR
 local K_ACT, K_PFX, K_ACTS, K_ACTR, K_ACTA, K_FAIRH, K_ACTB, K_TOUCH
-local K_VIEWS, K_GRP, K_EG, K_GORD, K_PFH
+local K_VIEWS, K_GRP, K_EG, K_GORD, K_PFH, K_GONE
 local ALL_KEYS, KEY_TTL_MS, CHANNEL, NOW, USEC
 -- What this script changed for waiters (published by `finish`): `released` capacity (a
 -- lease ended), the entries that `departed` the line, the entries that `moved` up when an
@@ -114,6 +116,7 @@ local function begin(keys, argv)
   K_ACT, K_PFX, K_ACTS, K_ACTR = keys[11], keys[12], keys[13], keys[14]
   K_ACTA, K_FAIRH, K_ACTB = keys[15], keys[16], keys[17]
   K_VIEWS, K_GRP, K_EG, K_GORD, K_PFH = keys[18], keys[19], keys[20], keys[21], keys[22]
+  K_GONE = keys[23]
   K_TOUCH = keys[#keys] -- the TTL clock is the last key (redis.py KEY_NAMES)
   KEY_TTL_MS = math.floor(tonumber(argv[1]) * 1000)
   CHANNEL = argv[2]

@@ -3,7 +3,8 @@
 -- (lease id, lease json as admit.lua wrote it).
 -- A lease that Redis no longer has (lost in a restart, or expired while its renewals failed)
 -- belongs to a request that is still running: it is written again, with its counters, so
--- the blocks it holds on its engine are counted. Reply: the ids written again.
+-- the blocks it holds on its engine are counted, unless its replica released it since this
+-- round read it (release.lua `gone`). Reply: the ids written again.
 reap_leases()
 expire_queue()
 local ttl, restored = tonumber(ARGV[3]), {}
@@ -12,7 +13,8 @@ for i = 5, 4 + entries do renew_entry(ARGV[i], ttl) end
 for i = 5 + entries, #ARGV - 1, 2 do
   local id = ARGV[i]
   if redis.call('ZADD', K_LEXP, 'XX', 'CH', NOW + ttl, id) == 0 -- XX: never creates
-      and not redis.call('ZSCORE', K_LEXP, id) then
+      and not redis.call('ZSCORE', K_LEXP, id)
+      and not redis.call('ZSCORE', K_GONE, id) then -- released meanwhile: not revived
     local raw = ARGV[i + 1]
     local l = cjson.decode(raw)
     local held = num(redis.call('HGET', K_TEN, 'k:' .. l.t))
