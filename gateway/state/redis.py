@@ -282,6 +282,9 @@ class RedisStore:
             if _text(reply[0]) == "regroup":  # its keys expired: give them again
                 await self._regroup()
                 reply = await self._call("admit", args)
+            if _text(reply[0]) == "regroup":  # lost again at once: as candidates this time
+                ask = self.engines.expand(ask)
+                reply = await self._call("admit", self._admit_args(ask))
         else:
             reply = await self._call("admit", self._admit_args(ask))
         kind = _text(reply[0])

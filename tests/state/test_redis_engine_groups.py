@@ -143,6 +143,16 @@ async def test_a_group_redis_lost_is_given_again(functions: bool) -> None:
         assert isinstance(got, Lease) and got.engine == "e1"
         assert await store.loads() == {"e1": EngineLoad(4, 1)}
         assert await store.release(got)
+
+        # Lost again at once (here: giving them again does nothing): as candidates.
+        async def nothing() -> None:
+            return None
+
+        store._regroup = nothing  # type: ignore[method-assign]
+        await drop_keys(prefix)
+        again = await store.try_admit(AdmissionAsk("b", group="m", need=Footprint(4, 1, 64)))
+        assert isinstance(again, Lease) and again.engine == "e1"
+        assert await store.release(again)
     finally:
         await store.close()
         await drop_keys(prefix)
