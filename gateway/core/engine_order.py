@@ -93,8 +93,6 @@ class EngineOrder:
         each part in name order, its engines unvisited (views of the order, found by
         bisection: O(parts × log engines), whatever the parts' sizes)."""
         neg_free, running, _, _ = self._keys[name]
-        if len(self._order) == 1:  # one engine (a deployment of one): nothing to look up
-            return [[name]]
         if by_running:
             lo = self._order.bisect_left((neg_free, running))
             hi = self._order.bisect_left((neg_free, running + 1))

@@ -45,7 +45,7 @@ import json
 import logging
 import random
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import replace
 from importlib import resources
 from typing import Any
@@ -322,9 +322,7 @@ class RedisStore:
 
     async def set_views(self, views: Sequence[EngineView]) -> None:
         changed = self.engines.set_views(views)
-        ordered = [name for name in changed if name in self._in_order]
-        if ordered and not self._unsynced:
-            await self._push(["views", *self._view_args(ordered)])
+        await self._push(self._views_call(name for name in changed if name in self._in_order))
 
     async def set_group(self, group: str, engines: frozenset[str], kv_ceiling: float) -> None:
         made = self.engines.set_group(group, engines, kv_ceiling)
@@ -333,16 +331,13 @@ class RedisStore:
             return
         self._ordered[group] = made
         self._in_order.update(made.names)
-        if not self._unsynced:
-            views = [name for name in made.names if name in self.engines.views]
-            if views:
-                await self._push(["views", *self._view_args(views)])
-            await self._push(["group", group, repr(made.kv_ceiling), *made.names])
+        await self._push(self._views_call(made.names))
+        await self._push(self._group_call(group, made))
 
-    async def _push(self, args: list[str]) -> None:
+    async def _push(self, args: list[str] | None) -> None:
         """Give Redis views or a group (engines.lua); if it does not answer, every view and
         group is given again before the next grouped ask (`_regroup`)."""
-        if self._unsynced:
+        if args is None or self._unsynced:
             return
         try:
             await self._call("engines", args)
@@ -353,12 +348,12 @@ class RedisStore:
         """Give Redis every view and group this replica keeps ordered there (their keys
         expired, or a push failed); raises `StateUnavailable` if it does not answer."""
         self._unsynced = False
+        calls = [self._views_call(self._in_order)]
+        calls += [self._group_call(group, made) for group, made in self._ordered.items()]
         try:
-            views = [name for name in self._in_order if name in self.engines.views]
-            if views:
-                await self._call("engines", ["views", *self._view_args(views)])
-            for group, made in list(self._ordered.items()):
-                await self._call("engines", ["group", group, repr(made.kv_ceiling), *made.names])
+            for args in calls:
+                if args is not None:
+                    await self._call("engines", args)
         except StateUnavailable:
             self._unsynced = True
             raise
@@ -521,11 +516,14 @@ class RedisStore:
 
     # ---- internals -----------------------------------------------------------------------
 
-    def _view_args(self, names: Sequence[str]) -> list[str]:
-        """engines.lua's 7 values per view."""
-        args = []
+    def _views_call(self, names: Iterable[str]) -> list[str] | None:
+        """engines.lua's arguments giving these engines' views (7 values each; those without
+        a view are left out); None when there is none to give."""
+        args = ["views"]
         for name in names:
-            view = self.engines.views[name]
+            view = self.engines.views.get(name)
+            if view is None:
+                continue
             args += [
                 name,
                 str(view.spec.usable_blocks),
@@ -535,7 +533,11 @@ class RedisStore:
                 str(view.foreign_seqs),
                 "1" if view.healthy else "0",
             ]
-        return args
+        return args if len(args) > 1 else None
+
+    @staticmethod
+    def _group_call(group: str, made: Group) -> list[str]:
+        return ["group", group, repr(made.kv_ceiling), *made.names]
 
     def _admit_args(self, ask: AdmissionAsk) -> list[str]:
         policy = ask.tenant

@@ -32,13 +32,13 @@ from tests.state.test_engine_groups import GROUPS, SCORERS, SPECS, drive, untime
 pytestmark = pytest.mark.redis
 
 
-def _store(scorers: tuple[str, ...], headroom: float, prefix: str) -> RedisStore:
+def _store(scorers: tuple[str, ...], headroom: float, prefix: str, seed: int = 7) -> RedisStore:
     return RedisStore(
         redis_url(),
         scorers,
         replica_id="a",
         key_prefix=prefix,
-        seed=7,
+        seed=seed,
         headroom=headroom,
         active_window_s=3600.0,  # slow decay: each store reads its own Redis clock
         burst_blocks=16,
@@ -47,17 +47,30 @@ def _store(scorers: tuple[str, ...], headroom: float, prefix: str) -> RedisStore
 
 
 async def _grouped_and_scored(
-    scorers: tuple[str, ...], headroom: float, views: dict[str, EngineView]
+    scorers: tuple[str, ...],
+    headroom: float,
+    views: dict[str, EngineView],
+    groups: dict[str, frozenset[str]] = GROUPS,
+    seed: int = 7,
 ) -> tuple[RedisStore, RedisStore, EngineBook, list[str]]:
+    """Two stores with key prefixes of their own (`scored` is sent expanded asks, `grouped`
+    the grouped ones) and the book that expands them, given these views and groups."""
     prefixes = [new_prefix(), new_prefix()]
-    scored, grouped = (_store(scorers, headroom, p) for p in prefixes)
+    scored, grouped = (_store(scorers, headroom, p, seed) for p in prefixes)
     book = EngineBook()
     book.set_views(views.values())
     await grouped.set_views(list(views.values()))
-    for name, engines in GROUPS.items():
+    for name, engines in groups.items():
         book.set_group(name, engines, 1.0)
         await grouped.set_group(name, engines, 1.0)
     return scored, grouped, book, prefixes
+
+
+async def _close(stores: tuple[RedisStore, ...], prefixes: list[str]) -> None:
+    for store in stores:
+        await store.close()
+    for p in prefixes:
+        await drop_keys(p)
 
 
 @pytest.mark.parametrize("scorers", SCORERS)
@@ -77,10 +90,7 @@ async def test_a_grouped_ask_is_decided_on_redis_as_its_candidates_are(
     try:
         await drive(scored, grouped, book, views, ops, clock=None, tolerance=0.5)
     finally:
-        for store in (scored, grouped):
-            await store.close()
-        for p in prefixes:
-            await drop_keys(p)
+        await _close((scored, grouped), prefixes)
 
 
 @pytest.mark.parametrize("seed", range(6))
@@ -164,18 +174,9 @@ async def test_a_tie_around_an_exception_is_chosen_as_among_every_engine() -> No
     them must land where the expanded ask's does, on either side of the exception."""
     specs = [EngineSpec(f"e{i}", "", frozenset({"m"}), 20, 16, 4, 4096) for i in range(6)]
     views = {s.name: EngineView(s, EngineLoad()) for s in specs}
-    prefixes = [new_prefix(), new_prefix()]
-    scored, grouped = (
-        RedisStore(
-            redis_url(), DEFAULT_SCORERS, replica_id="a", key_prefix=p, seed=3, order_min_engines=1
-        )
-        for p in prefixes
+    scored, grouped, book, prefixes = await _grouped_and_scored(
+        DEFAULT_SCORERS, 0.0, views, {"m": frozenset(views)}, seed=3
     )
-    book = EngineBook()
-    book.set_views(views.values())
-    book.set_group("m", frozenset(views), 1.0)
-    await grouped.set_views(list(views.values()))
-    await grouped.set_group("m", frozenset(views), 1.0)
     try:
         chosen = set()
         for i in range(40):
@@ -191,10 +192,7 @@ async def test_a_tie_around_an_exception_is_chosen_as_among_every_engine() -> No
             assert await scored.release(got) and await grouped.release(got)
         assert chosen == {"e0", "e1", "e3", "e4", "e5"}
     finally:
-        for store in (scored, grouped):
-            await store.close()
-        for p in prefixes:
-            await drop_keys(p)
+        await _close((scored, grouped), prefixes)
 
 
 @pytest.mark.parametrize("kinds", [1, 2])
@@ -209,16 +207,9 @@ async def test_ties_wider_than_one_read_of_the_order(scorers: tuple[str, ...], k
     ]
     views = {s.name: EngineView(s, EngineLoad()) for s in specs}
     names = sorted(views)
-    prefixes = [new_prefix(), new_prefix()]
-    scored, grouped = (
-        RedisStore(redis_url(), scorers, replica_id="a", key_prefix=p, seed=11, order_min_engines=1)
-        for p in prefixes
+    scored, grouped, book, prefixes = await _grouped_and_scored(
+        scorers, 0.0, views, {"m": frozenset(views)}, seed=11
     )
-    book = EngineBook()
-    book.set_views(views.values())
-    book.set_group("m", frozenset(views), 1.0)
-    await grouped.set_views(list(views.values()))
-    await grouped.set_group("m", frozenset(views), 1.0)
     try:
         leases: list[Lease] = []
         for i in range(300):
@@ -246,10 +237,7 @@ async def test_ties_wider_than_one_read_of_the_order(scorers: tuple[str, ...], k
         for lease in leases:
             assert await scored.release(lease) and await grouped.release(lease)
     finally:
-        for store in (scored, grouped):
-            await store.close()
-        for p in prefixes:
-            await drop_keys(p)
+        await _close((scored, grouped), prefixes)
 
 
 async def test_a_group_smaller_than_order_min_engines_goes_as_candidates() -> None:

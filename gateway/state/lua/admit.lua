@@ -255,9 +255,15 @@ do -- the choice (its locals end here: a script prepended with common.lua has at
     if by_running == nil or ceiling ~= tonumber(sums[1]) or present == 0 or need_f.s < 1 then
       return nil
     end
+    -- The group's engines with a view (name -> true), looked up as they are asked for.
+    local members = setmetatable({}, {__index = function(t, name)
+      local yes = redis.call('HEXISTS', K_GRP, g .. '\0' .. name) == 1
+      rawset(t, name, yes)
+      return yes
+    end})
     local special, nspecial = {}, 0 -- engine -> footprint
     for _, x in ipairs(exc) do
-      if redis.call('HEXISTS', K_GRP, g .. '\0' .. x.name) == 1 then
+      if members[x.name] then
         if not special[x.name] then nspecial = nspecial + 1 end
         special[x.name] = x.f
       end
@@ -269,7 +275,7 @@ do -- the choice (its locals end here: a script prepended with common.lua has at
     end
     if need_f.h and #need_f.h > 0 then
       for _, name in ipairs(eng.holders(need_f.h[1])) do
-        if not special[name] and redis.call('HEXISTS', K_GRP, g .. '\0' .. name) == 1 then
+        if not special[name] and members[name] then
           special[name] = need_f
         end
       end
@@ -286,11 +292,6 @@ do -- the choice (its locals end here: a script prepended with common.lua has at
       if not within_share(c.b) then return nil end
     end
     local rule = headroom_rule(num(sums[3]), worst)
-    local members = setmetatable({}, {__index = function(t, name)
-      local yes = redis.call('HEXISTS', K_GRP, g .. '\0' .. name) == 1
-      rawset(t, name, yes)
-      return yes
-    end})
     local reply = line_reply(members, rule)
     if reply then return reply end
     local floor, over = need_f.b, false
@@ -353,46 +354,45 @@ do -- the choice (its locals end here: a script prepended with common.lua has at
         ntied = ntied + n - #skip
       end
     end
-    local rank = first and eng.rank_of(first.free, first.running, first.kind)
-    local top = first and g .. '\0' .. string.sub(rank, 1, by_running == 'running' and 19 or 12)
-    local from, to = first and first.at, first and first.at
     if first then
+      local rank = eng.rank_of(first.free, first.running, first.kind)
+      local top = g .. '\0' .. string.sub(rank, 1, by_running == 'running' and 19 or 12)
+      local from, to = first.at, first.at
       while from > 1 and string.sub(batch[from - 1], 1, #top) == top do from = from - 1 end
       while to < #batch and string.sub(batch[to + 1], 1, #top) == top do to = to + 1 end
-    end
-    if first and (from > 1 or offset == 0) and (to < #batch or #batch < 32) then
-      local part, names = nil, nil
-      for i = from, to do
-        local m = batch[i]
-        local p = string.sub(m, 1, #g + 1 + eng.RANK_LEN)
-        if p ~= part then
-          if part then add_part(part, #names, names, {}) end
-          part, names = p, {}
-        end
-        local name = string.sub(m, #p + 2)
-        if not special[name] then names[#names + 1] = name end
-      end
-      add_part(part, #names, names, {})
-    elseif first then
-      local cursor = '[' .. top
-      while true do
-        local m = redis.call('ZRANGEBYLEX', K_GORD, cursor, '(' .. top .. '\255', 'LIMIT', 0, 1)[1]
-        if not m then break end
-        local part = string.sub(m, 1, #g + 1 + eng.RANK_LEN)
-        local n = redis.call('ZLEXCOUNT', K_GORD, '[' .. part .. '\0', '(' .. part .. '\1')
-        local skip = {} -- the exceptions' places in this part (scored as exceptions)
-        for name in pairs(special) do
-          local at_ = redis.call('HGET', K_GRP, g .. '\0' .. name)
-          local mm = at_ and string.match(at_, '^[^|]*|[^|]*|[^|]*|(.*)$')
-          if mm and string.sub(mm, 1, #part + 1) == part .. '\0' then
-            skip[#skip + 1] = redis.call('ZLEXCOUNT', K_GORD, '[' .. part .. '\0', '(' .. mm)
+      if (from > 1 or offset == 0) and (to < #batch or #batch < 32) then
+        local part, names = nil, nil
+        for i = from, to do
+          local m = batch[i]
+          local p = string.sub(m, 1, #g + 1 + eng.RANK_LEN)
+          if p ~= part then
+            if part then add_part(part, #names, names, {}) end
+            part, names = p, {}
           end
+          local name = string.sub(m, #p + 2)
+          if not special[name] then names[#names + 1] = name end
         end
-        add_part(part, n, nil, skip)
-        cursor = '[' .. part .. '\1'
+        add_part(part, #names, names, {})
+      else
+        local cursor = '[' .. top
+        while true do
+          local m = redis.call('ZRANGEBYLEX', K_GORD, cursor, '(' .. top .. '\255',
+            'LIMIT', 0, 1)[1]
+          if not m then break end
+          local part = string.sub(m, 1, #g + 1 + eng.RANK_LEN)
+          local n = redis.call('ZLEXCOUNT', K_GORD, '[' .. part .. '\0', '(' .. part .. '\1')
+          local skip = {} -- the exceptions' places in this part (scored as exceptions)
+          for name in pairs(special) do
+            local at_ = redis.call('HGET', K_GRP, g .. '\0' .. name)
+            local mm = at_ and string.match(at_, '^[^|]*|[^|]*|[^|]*|(.*)$')
+            if mm and string.sub(mm, 1, #part + 1) == part .. '\0' then
+              skip[#skip + 1] = redis.call('ZLEXCOUNT', K_GORD, '[' .. part .. '\0', '(' .. mm)
+            end
+          end
+          add_part(part, n, nil, skip)
+          cursor = '[' .. part .. '\1'
+        end
       end
-    end
-    if first then
       local k = eng.kind_info(g, first.kind)
       ranked = score_of({b = need_f.b, cached = need_f.cached, cap = k.cap}, first.free,
         first.running)
@@ -420,7 +420,7 @@ do -- the choice (its locals end here: a script prepended with common.lua has at
     local function common(name)
       return {name = name, b = need_f.b, s = need_f.s, pb = need_f.pb, h = need_f.h, cr = 0}
     end
-    -- The i-th (from 0) engine of a part, less its exceptions.
+    -- The i-th (from 0) engine of a part, less its exceptions, read alone; and all of them.
     local function nth(part, i)
       if part.names then return part.names[i + 1] end
       for _, r in ipairs(part.skip) do
@@ -430,21 +430,22 @@ do -- the choice (its locals end here: a script prepended with common.lua has at
         '(' .. part.prefix .. '\1', 'LIMIT', i, 1)[1]
       return string.sub(m, #part.prefix + 2)
     end
+    local function names_of(part)
+      if part.names then return part.names end
+      local names = {}
+      for _, m in ipairs(redis.call('ZRANGEBYLEX', K_GORD, '[' .. part.prefix .. '\0',
+          '(' .. part.prefix .. '\1')) do
+        local name = string.sub(m, #part.prefix + 2)
+        if not special[name] then names[#names + 1] = name end
+      end
+      return names
+    end
     -- As `Router.pick` over every engine: the best score, its ties in name order.
     if ranked ~= nil and compare(ranked, best) == 0 and ntied > 0 then
       if #tied_ex == 0 and #parts == 1 then return common(nth(parts[1], seed % ntied)) end
       local ties = {}
       for _, part in ipairs(parts) do
-        if part.names then
-          for _, name in ipairs(part.names) do ties[#ties + 1] = {name = name} end
-        else
-          local names = redis.call('ZRANGEBYLEX', K_GORD, '[' .. part.prefix .. '\0',
-            '(' .. part.prefix .. '\1')
-          for _, m in ipairs(names) do
-            local name = string.sub(m, #part.prefix + 2)
-            if not special[name] then ties[#ties + 1] = {name = name} end
-          end
-        end
+        for _, name in ipairs(names_of(part)) do ties[#ties + 1] = {name = name} end
       end
       for _, c in ipairs(tied_ex) do ties[#ties + 1] = {name = c.name, c = c} end
       table.sort(ties, function(a, b) return a.name < b.name end)
