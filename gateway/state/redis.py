@@ -362,8 +362,11 @@ class RedisStore:
         """Never raises for a lost Redis: the release is retried in the background (and the
         lease, no longer renewed, expires within `lease_ttl_s` in any case)."""
         held = self._held.pop(lease.id, None)
+        # A renewal round on its way may have read the lease as held: Redis must not let
+        # it write the lease again (release.lua).
+        racing = "1" if self._renewing.locked() else ""
         try:
-            reply = await self._call("release", [lease.id, _opt(used_tokens)])
+            reply = await self._call("release", [lease.id, _opt(used_tokens), racing])
         except StateUnavailable:
             if held is None:
                 return False

@@ -667,8 +667,9 @@ async def test_a_lease_released_while_its_renewal_is_on_its_way_is_not_written_a
     store = replicas("replica-a", lease_ttl_s=30)
     a = spec("a", blocks=9, seqs=4)
     first = await store.try_admit(ask(a, blocks=8))
-    round_read = {first.id: dict(store._held[first.id])}  # the round's snapshot
-    assert await store.release(first)
+    async with store._renewing:  # a round on its way: it read the lease as held
+        round_read = {first.id: dict(store._held[first.id])}
+        assert await store.release(first)
     second = await store.try_admit(ask(a, blocks=8))  # the freed blocks, taken at once
     assert isinstance(second, Lease)
     assert await store._write_leases(round_read) == []  # not revived

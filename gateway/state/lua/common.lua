@@ -59,8 +59,9 @@
 --                   engines read in lex order are best first (engine_order.py)
 --  22 pfh     ZSET  score 0, member "<first prefix hash hex>\0<engine>": the engines where
 --                   live leases hold a prefix beginning with that hash (prefix credit)
---  23 gone    ZSET  lease id -> when its replica released it (release.lua), for 60 s: a
---                   renewal round that was on its way then does not write it again
+--  23 gone    ZSET  lease id -> when its replica released it while one of its renewal
+--                   rounds was on its way (release.lua), for 60 s: that round's script does
+--                   not write it again
 --  24 touch   STRING the TTL clock (always the last key): set by each full `touch` for 1 %
 --                   of the key TTL; while it lives, a call checks the TTLs of only the keys it
 --                   may have created
