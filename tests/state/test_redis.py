@@ -467,6 +467,33 @@ async def test_fair_line_is_shared_by_replicas(replicas):
     assert await one.release(got) is True
 
 
+async def test_an_entry_with_its_engines_as_a_list_still_competes(replicas, prefix):
+    """An entry keeps its engines as one string ('\\n' between); one written by an older
+    version has a JSON list, and is still seen ahead of those wanting one of them."""
+    store = replicas("one")
+    client = aioredis.from_url(redis_url())
+    try:
+        a, b = spec("a", blocks=11), spec("b", blocks=11)
+        waiting = replace(ask(a, blocks=4), queued=True)
+        entry = QueueEntry(waiting.lease_id, DEFAULT_TENANT, frozenset({"a", "c"}), 4, 10.0)
+        assert await store.enqueue(entry, 10) == "queued"
+        key = f"{{{prefix}}}:qent"
+        raw = json.loads(await client.hget(key, waiting.lease_id))
+        assert raw["e"] == "a\nc"
+        for form in (raw["e"], ["a", "c"]):
+            await client.hset(key, waiting.lease_id, json.dumps(raw | {"e": form}))
+            assert await store.blocks_ahead(frozenset({"c"})) == 4
+            assert await store.blocks_ahead(frozenset({"b"})) == 0
+            got = await store.try_admit(ask(a, blocks=1))
+            assert isinstance(got, Refusal) and got.code == "queued_ahead", form
+            lease = await store.try_admit(ask(b, blocks=1))  # wants no engine of the entry
+            assert isinstance(lease, Lease), form
+            assert await store.release(lease) is True
+        await store.dequeue(waiting.lease_id)
+    finally:
+        await client.aclose()
+
+
 async def test_a_dead_replicas_waiters_leave_the_line_within_ttl(replicas):
     """A waiting entry is owned by its replica and kept alive like a lease: when the replica
     dies its entries stop blocking the line and stop counting towards `max_length` within

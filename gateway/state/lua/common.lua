@@ -12,8 +12,9 @@
 --   4 ten     HASH  "n:<tenant>" / "k:<tenant>" -> requests in flight / blocks held
 --   5 rate    HASH  "<tenant>:rl" "<tenant>:rs" (requests level, stamp), ":tl" ":ts" (tokens)
 --   6 q       ZSET  score 0, member "<prio10>:<start24>:<seq16>:<id>": the line, in order
---   7 qent    HASH  entry id -> json {m member, q qtf member, t, p, b, e engines, s, f,
---                   r owner replica, d deadline (arrival + max wait, Redis time)}
+--   7 qent    HASH  entry id -> json {m member, q qtf member, t, p, b, e engines ('\n'
+--                   between), s, f, r owner replica, d deadline (arrival + max wait,
+--                   Redis time)}
 --   8 qexp    ZSET  entry id -> expiry: min(deadline, last renewal by its replica + lease ttl)
 --   9 qtf     ZSET  score 0, member "<tenant>\0<prio10>:<start24>:<seq16>:<id>"
 --  10 fair    HASH  "v:<prio>" virtual time when idle, "vf:<prio>" V before the last change
@@ -465,8 +466,11 @@ local function active_now(window)
     rebuild()
     changed_totals = true
   end
+  -- Only the aged-out are read (a bound a microsecond past the cutoff, then the exact test),
+  -- not the first 100 of acta at every call.
+  local bound = '(' .. fmt(NOW - window + 1e-6)
   while true do
-    local got = redis.call('ZRANGE', K_ACTA, 0, 99, 'WITHSCORES')
+    local got = redis.call('ZRANGEBYSCORE', K_ACTA, '-inf', bound, 'WITHSCORES', 'LIMIT', 0, 100)
     local stop = #got < 200
     for i = 1, #got, 2 do
       if not (NOW - tonumber(got[i + 1]) > window) then
@@ -657,6 +661,23 @@ function eng.rank_of(free, running, kind)
   return string.format('%012.0f%07.0f%05.0f', 1e11 - free, running, kind)
 end
 eng.RANK_LEN = 24
+
+-- Whether the queued entry `e` wants any engine of `engines` (name -> true). Its engines
+-- are one string, '\n' between: every other reader of an entry wants only its tags, and
+-- cjson decodes an entry of 100 engines in 2.1 µs so, 4.5 µs with them as a list (which
+-- an entry written by an older version still has).
+function eng.wanted(e, engines)
+  if type(e.e) == 'table' then
+    for _, name in ipairs(e.e) do
+      if engines[name] then return true end
+    end
+    return false
+  end
+  for name in string.gmatch(e.e, '[^\n]+') do
+    if engines[name] then return true end
+  end
+  return false
+end
 
 -- free, running, kind and name of a member of group `g`.
 function eng.parse_member(g, m)
@@ -931,7 +952,7 @@ local function push(id, tenant, prio, weight, engines, blocks, deadline, owner, 
   line_changed(tenant, prio)
   zadd(K_QEXP, math.min(deadline, NOW + lease_ttl), id)
   hset(K_QENT, id, cjson.encode({
-    m = m, q = q, t = tenant, p = prio, b = blocks, e = engines,
+    m = m, q = q, t = tenant, p = prio, b = blocks, e = table.concat(engines, '\n'),
     s = fmt(start), f = fmt(start + blocks / weight), r = owner, d = fmt(deadline),
   }))
 end
@@ -1053,26 +1074,21 @@ end
 -- in the set `engines` (engine -> true), with its id; nil when none does. `own` is the
 -- asker's own entry id. Entries for which `passable(entry)` is true do not count
 -- (headroom). Looks back from `key` (fairqueue.py `blocker`).
+-- Read back in batches of 4, 16, 64, then 100: the entry just ahead mostly competes.
 local function blocker(key, engines, own, passable)
-  local offset = 0
+  local offset, size = 0, 4
   while true do
-    local batch = redis.call('ZREVRANGEBYLEX', K_Q, '(' .. key, '-', 'LIMIT', offset, 100)
+    local batch = redis.call('ZREVRANGEBYLEX', K_Q, '(' .. key, '-', 'LIMIT', offset, size)
     for _, m in ipairs(batch) do
       local id = member_id(m)
       if id ~= own then
         local e = entry(id)
-        local competes = false
-        for _, name in ipairs(e.e) do
-          if engines[name] then
-            competes = true
-            break
-          end
-        end
-        if competes and (passable == nil or not passable(e)) then return e, id end
+        if eng.wanted(e, engines) and (passable == nil or not passable(e)) then return e, id end
       end
     end
-    if #batch < 100 then return nil end
-    offset = offset + 100
+    if #batch < size then return nil end
+    offset = offset + size
+    size = math.min(100, size * 4)
   end
 end
 

@@ -14,12 +14,7 @@ elseif what == 'ahead' then
   for i = 4, #ARGV do wanted[ARGV[i]] = true end
   for _, raw in ipairs(redis.call('HVALS', K_QENT)) do
     local e = cjson.decode(raw)
-    for _, name in ipairs(e.e) do
-      if wanted[name] then
-        total = total + e.b
-        break
-      end
-    end
+    if eng.wanted(e, wanted) then total = total + e.b end
   end
   return finish(total)
 elseif what == 'loads' then
