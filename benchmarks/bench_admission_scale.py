@@ -41,6 +41,10 @@ once on one engine (one lease each, 4 tenants), three rounds of 4,000 pairs afte
 untimed: this process's CPU per pair (the store's client side: arguments, packing, the
 connection, the replies) and redis-server's (`INFO cpu`), and pairs per second.
 
+`--retry-groups K` (grouped asks): K more groups named besides the one asked on, each of
+the engines but one, as the sets of retries that excluded an engine are: each change of an
+engine's load moves it in every group it belongs to.
+
 `--trees A,B`: run every measurement in a child process per source tree (`KVGW_TREE=A`,
 `B`: its `gateway` package), alternating tree by tree and round by round, so the
 machine's drift falls on both; the figures name the tree. Without it, the tree this
@@ -65,6 +69,15 @@ from typing import Any
 SHAPES = ((1, 1, 0), (100, 1, 0), (1, 100, 1000), (100, 10000, 0), (100, 10000, 1000))
 WAITERS = (10, 100, 1000)
 REDIS_URL = "KVGW_BENCH_REDIS_URL"  # the private redis-server, for the children
+RETRY_GROUPS = "KVGW_BENCH_RETRY_GROUPS"  # `--retry-groups`, for the children
+
+
+async def _retry_groups(store: Any, names: frozenset[str]) -> None:
+    """`--retry-groups K`: K more groups named, each of the engines but one (the sets of
+    retries that excluded an engine), moved at every change of their engines' load."""
+    ordered = sorted(names)
+    for k in range(min(len(ordered), int(os.environ.get(RETRY_GROUPS, "0")))):
+        await store.set_group(f"retry-{k}", frozenset(ordered) - {ordered[k]}, 1.0)
 
 
 class Clock:
@@ -114,6 +127,7 @@ async def decisions(
             return {"shape": f"{engines}x{tenants}x{waiting}", "asks": form, "unsupported": True}
         await store.set_views([c.view for c in candidates])
         await store.set_group("all", names, 1.0)
+        await _retry_groups(store, names)
 
     def ask(i: int, policy: TenantPolicy) -> AdmissionAsk:
         if grouped:
@@ -191,6 +205,7 @@ async def redis_decisions(
         if grouped:  # a tree before the Redis order expands grouped asks in the client
             await store.set_views([c.view for c in candidates])
             await store.set_group("all", names, 1.0)
+            await _retry_groups(store, names)
 
         def ask(name: str, policy: Any) -> AdmissionAsk:
             if grouped:
@@ -508,6 +523,12 @@ def main(argv: list[str] | None = None) -> int:
         default="candidates,grouped",
         help="ask forms: candidates (one per engine), grouped (AdmissionAsk.group)",
     )
+    p.add_argument(
+        "--retry-groups",
+        type=int,
+        default=0,
+        help="grouped asks: this many more groups named, each of the engines but one",
+    )
     p.add_argument("--child", nargs=2, metavar=("KIND", "ARG"), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.child:
@@ -519,6 +540,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     import gateway
 
+    os.environ[RETRY_GROUPS] = str(args.retry_groups)
     trees = [t for t in args.trees.split(",") if t] or [str(Path(gateway.__file__).parents[1])]
     print(f"load average {os.getloadavg()}; trees {trees}")
     stores = {s for s in args.stores.split(",") if s}

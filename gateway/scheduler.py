@@ -62,6 +62,13 @@ the smaller sets of retries that exclude an engine or of requests tied to one): 
 moves an engine in every group it belongs to at each change of its load, so their number is
 bounded; an ask for another set goes as one candidate per engine."""
 
+GROUP_IDLE_S = 60.0
+"""A named engine set no ask used for this long is dropped (`StateStore.drop_group`): the
+sets of retries that excluded an engine come and go, and each costs every change of its
+engines' load a move (31 such groups of 99 engines: an admission at 100 engines 49 -> 97 µs
+in-process, 145 -> 408 µs on Redis, a release there 52 -> 279 µs; docs/benchmarks.md).
+Named again when asked for again."""
+
 STAGE_WITHIN = 0.5
 """A waiter takes a staged slot (`admission.staged_seqs`: it would wait inside the engine
 for a running sequence to end) only within this fraction of `queue.max_wait_s`; after that
@@ -133,7 +140,10 @@ class Scheduler:
         self.clock = clock
         self.waiting: dict[str, float] = {}
         """This process's requests in the line, by ask id: when each began to wait."""
-        self._groups: dict[frozenset[str], str] = {}  # engine sets named in the store
+        # Engine sets named in the store, the least recently used first, and when each
+        # group was last used.
+        self._groups: dict[frozenset[str], str] = {}
+        self._group_used: dict[str, float] = {}
 
     async def admit(self, ask: Ask) -> Lease:
         """A lease on some engine, after waiting if needed; raises `RateLimited` (429), or
@@ -265,11 +275,15 @@ class Scheduler:
         changed = self.pool.changed_views()
         if changed:
             await self.store.set_views(changed)
-        group = self._groups.get(ask.engines)
+        now = self.clock()
+        group = self._groups.pop(ask.engines, None)
         if group is None and len(self._groups) < MAX_GROUPS:
             group = engine_group(ask.engines)
             await self.store.set_group(group, ask.engines, self.kv_ceiling)
-            self._groups[ask.engines] = group
+        if group is not None:
+            self._groups[ask.engines] = group  # the least recently used first
+            self._group_used[group] = now
+        await self._drop_idle_groups(now)
         base = AdmissionAsk(
             lease_id=ask.id,
             kv_ceiling=self.kv_ceiling,
@@ -287,6 +301,17 @@ class Scheduler:
             return await self.store.try_admit(replace(base, candidates=candidates))
         grouped = replace(base, group=group, need=ask.need, exceptions=ask.exceptions, staged=stage)
         return await self.store.try_admit(grouped)
+
+    async def _drop_idle_groups(self, now: float) -> None:
+        """Drop the groups no ask used for `GROUP_IDLE_S` (the least recently used come
+        first, so this looks at one group unless some are to go)."""
+        while self._groups:
+            engines, group = next(iter(self._groups.items()))
+            if now - self._group_used[group] < GROUP_IDLE_S:
+                return
+            del self._groups[engines]
+            del self._group_used[group]
+            await self.store.drop_group(group)
 
     def _view(self, name: str, stage: bool) -> EngineView:
         view = self.pool.view(name, EngineLoad())

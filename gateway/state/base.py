@@ -175,6 +175,12 @@ class StateStore(Protocol):
         ceiling its asks use. Engines without a view (`set_views`) are left out."""
         ...
 
+    async def drop_group(self, group: str) -> None:
+        """Forget a group named by `set_group` (asks no longer name it): the store stops
+        keeping its engines ordered. No error if it was never set. On Redis only this
+        replica forgets it; Redis drops a group no replica asked on for a key TTL."""
+        ...
+
     async def release(self, lease: Lease, used_tokens: int | None = None) -> bool:
         """Give the lease back; refund `lease.tokens − used_tokens` to the tenant's TPM.
         Idempotent: True the first time, False after."""

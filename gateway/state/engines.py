@@ -62,6 +62,10 @@ class EngineBook:
         self.groups[group] = made
         return made
 
+    def drop_group(self, group: str) -> None:
+        """Forget a group (no error if it was never set)."""
+        self.groups.pop(group, None)
+
     def group(self, ask_group: str) -> Group:
         got = self.groups.get(ask_group)
         if got is None:
@@ -171,10 +175,7 @@ class OrderedEngines(EngineBook):
         return changed
 
     def set_group(self, group: str, engines: frozenset[str], kv_ceiling: float) -> Group:
-        old = self.ordered.pop(group, None)
-        if old is not None:
-            for name in old.names:
-                self._of[name] = [g for g in self._of[name] if g is not old]
+        self.drop_group(group)
         made = OrderedGroup(tuple(sorted(engines)), frozenset(engines), kv_ceiling)
         self.groups[group] = made
         self.ordered[group] = made
@@ -182,6 +183,18 @@ class OrderedEngines(EngineBook):
             self._of.setdefault(name, []).append(made)
             made.place(name, self.loaded(name))
         return made
+
+    def drop_group(self, group: str) -> None:
+        """Forget a group: its engines are no longer moved in it."""
+        super().drop_group(group)
+        old = self.ordered.pop(group, None)
+        if old is not None:
+            for name in old.names:
+                kept = [g for g in self._of[name] if g is not old]
+                if kept:
+                    self._of[name] = kept
+                else:
+                    del self._of[name]
 
     def moved(self, name: str) -> None:
         """`name`'s load changed: move it in every group it belongs to."""

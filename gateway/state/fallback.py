@@ -79,6 +79,9 @@ class FailOpenLocal:
     async def set_group(self, group: str, engines: frozenset[str], kv_ceiling: float) -> None:
         await self.shared.set_group(group, engines, kv_ceiling)
 
+    async def drop_group(self, group: str) -> None:
+        await self.shared.drop_group(group)
+
     async def release(self, lease: Lease, used_tokens: int | None = None) -> bool:
         if lease.id in self._outage:
             async with self._adopting:  # adopted meanwhile? then Redis holds it now

@@ -412,6 +412,9 @@ class InMemoryStore:
     async def set_group(self, group: str, engines: frozenset[str], kv_ceiling: float) -> None:
         self._engines.set_group(group, engines, kv_ceiling)
 
+    async def drop_group(self, group: str) -> None:
+        self._engines.drop_group(group)
+
     async def release(self, lease: Lease, used_tokens: int | None = None) -> bool:
         held = self._held.pop(lease.id, None)
         if held is None:

@@ -105,6 +105,7 @@ KEY_NAMES = (
     "gord",
     "pfh",
     "gone",
+    "gused",
     "touch",  # last: the scripts take the last key as the TTL clock (common.lua `touch`)
 )
 SCRIPTS = ("admit", "release", "renew", "extend", "enqueue", "dequeue", "inspect", "engines")
@@ -333,6 +334,14 @@ class RedisStore:
         self._in_order.update(made.names)
         await self._push(self._views_call(made.names))
         await self._push(self._group_call(group, made))
+
+    async def drop_group(self, group: str) -> None:
+        """Forgotten by this replica only: another may still ask on it. Redis drops a group
+        no replica asked on for a key TTL (renew.lua), and a replica asking on it after that
+        gives it again (`_regroup`)."""
+        self.engines.drop_group(group)
+        if self._ordered.pop(group, None) is not None:
+            self._in_order = {name for made in self._ordered.values() for name in made.names}
 
     async def _push(self, args: list[str] | None) -> None:
         """Give Redis views or a group (engines.lua); if it does not answer, every view and

@@ -297,3 +297,43 @@ async def test_asks_are_grouped_up_to_max_groups_engine_sets_then_sent_as_candid
     assert both.engine in "ab" and only_b.engine == "b"
     # b holds 8 or 12 of its 100 blocks, a 4 or none: the grouped ask takes a either way.
     assert again.engine == "a"
+
+
+async def test_an_engine_set_no_ask_used_for_group_idle_s_is_dropped_from_the_store() -> None:
+    """A named engine set (a retry's, say, that excluded an engine) costs every change of
+    its engines' load a move in the store: once no ask used it for `GROUP_IDLE_S` it is
+    dropped, and named again when an ask wants it again."""
+    from gateway.scheduler import GROUP_IDLE_S, engine_group
+
+    specs = [EngineSpec(n, f"http://{n}", frozenset({"m"}), 101, 16, 8, 4096) for n in "ab"]
+    dropped: list[str] = []
+
+    class Recording(InMemoryStore):
+        async def drop_group(self, group: str) -> None:
+            dropped.append(group)
+            await super().drop_group(group)
+
+    now = [0.0]
+    store = Recording(Router(), random.Random(0), clock=lambda: now[0])
+    sched = scheduler(store, pool=EnginePool(specs), clock=lambda: now[0])
+    need = Footprint(4, 1, 64)
+    both, only_b = engine_group(frozenset("ab")), engine_group(frozenset("b"))
+
+    async def admit(engines: str) -> None:
+        lease = await sched.admit(Ask(id=f"x-{now[0]}", needs={n: need for n in engines}))
+        await sched.release(lease)
+
+    await admit("ab")
+    now[0] = GROUP_IDLE_S / 2
+    await admit("b")
+    now[0] = GROUP_IDLE_S  # "ab" unused for GROUP_IDLE_S: dropped; "b" stays
+    await admit("b")
+    assert dropped == [both]
+    with pytest.raises(KeyError):  # the store forgot it
+        await store.try_admit(AdmissionAsk("probe", group=both, need=need))
+    now[0] = 3 * GROUP_IDLE_S  # asked for again: named again, and "b" goes in its turn
+    await admit("ab")
+    assert dropped == [both, only_b]
+    lease = await store.try_admit(AdmissionAsk("probe", group=both, need=need))
+    assert isinstance(lease, Lease)
+    await store.release(lease)

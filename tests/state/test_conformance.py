@@ -461,3 +461,28 @@ async def test_an_extended_lease_charges_its_tenant_in_the_fair_line(store):
     got = [await store.try_admit(b_ask), await store.try_admit(a_ask)]
     assert all(isinstance(g, Lease) for g in got), got
     await release_all(store, got)
+
+
+async def test_a_dropped_group_is_forgotten_and_may_be_named_again(store):
+    """`drop_group`: asks may no longer name the group (as one never set), the other
+    groups are untouched, dropping one never set is no error, and it may be named again."""
+    a, b = spec("a", blocks=11), spec("b", blocks=21)
+    await store.set_views([EngineView(a, EngineLoad()), EngineView(b, EngineLoad())])
+    await store.set_group("both", frozenset({"a", "b"}), 1.0)
+    await store.set_group("only-a", frozenset({"a"}), 1.0)
+    need = Footprint(4, 1, 64)
+
+    def grouped(group):
+        return AdmissionAsk(lease_id=f"lease-{next(_ids)}", group=group, need=need)
+
+    await store.drop_group("both")
+    await store.drop_group("never-set")
+    with pytest.raises(KeyError):
+        await store.try_admit(grouped("both"))
+    held = await store.try_admit(grouped("only-a"))
+    assert isinstance(held, Lease) and held.engine == "a"
+    await store.set_group("both", frozenset({"a", "b"}), 1.0)
+    again = await store.try_admit(grouped("both"))
+    assert isinstance(again, Lease) and again.engine == "b"  # 20 free against 6
+    for lease in (held, again):
+        assert await store.release(lease) is True

@@ -267,3 +267,66 @@ async def test_a_group_smaller_than_order_min_engines_goes_as_candidates() -> No
         await client.aclose()
         await store.close()
         await drop_keys(prefix)
+
+
+async def test_a_group_no_replica_asked_on_for_a_key_ttl_is_dropped_by_a_renewal() -> None:
+    """Every grouped ask and `set_group` stamps its group (gused); a renewal drops a group
+    unstamped for a key TTL: its places, kinds, sums, order and engine memberships go, the
+    other groups stay, and a replica asking on it later gives it again (`_regroup`)."""
+    prefix = new_prefix()
+
+    def replica(name: str) -> RedisStore:
+        return RedisStore(
+            redis_url(),
+            DEFAULT_SCORERS,
+            replica_id=name,
+            key_prefix=prefix,
+            seed=0,
+            order_min_engines=1,
+        )
+
+    one, other = replica("one"), replica("other")
+    client = aioredis.from_url(redis_url())
+    key = f"{{{prefix}}}:%s".__mod__
+    try:
+        specs = [EngineSpec(f"e{i}", "", frozenset({"m"}), 20 + i, 16, 4, 4096) for i in range(4)]
+        views = [EngineView(s, EngineLoad()) for s in specs]
+        retry = frozenset({"e0", "e1", "e2"})
+        for store in (one, other):
+            await store.set_views(views)
+            await store.set_group("live", frozenset(s.name for s in specs), 1.0)
+            await store.set_group("retry", retry, 1.0)
+        need = Footprint(4, 1, 64)
+        held = await one.try_admit(AdmissionAsk("a", group="live", need=need))
+        assert isinstance(held, Lease) and held.engine == "e3"
+
+        sec, _ = await client.time()
+        await client.zadd(key("gused"), {"retry": sec - one.key_ttl_s - 1})
+        await one.renew([held])
+        fields = [f.decode() for f in await client.hkeys(key("grp"))]
+        assert fields and not [f for f in fields if f.startswith("retry")], fields
+        assert all(f.startswith("live") for f in fields), fields
+        members = [m.decode() for m in await client.zrange(key("gord"), 0, -1)]
+        assert len(members) == 4 and all(m.startswith("live\0") for m in members), members
+        groups = {k.decode(): v.decode() for k, v in (await client.hgetall(key("eg"))).items()}
+        assert groups == {s.name: "live" for s in specs}
+        assert await client.zrange(key("gused"), 0, -1) == [b"live"]
+        # A grouped ask stamps its group anew: it stays.
+        await client.zadd(key("gused"), {"live": sec - one.key_ttl_s - 1})
+        more = await one.try_admit(AdmissionAsk("c", group="live", need=need))
+        assert isinstance(more, Lease)
+        await one.renew([held, more])
+        assert await client.hget(key("grp"), "live:n") == b"4"
+        assert await one.release(more)
+
+        assert await one.release(held)  # a load change moves nothing of the dropped group
+        assert not [f for f in await client.hkeys(key("grp")) if f.startswith(b"retry")]
+        got = await other.try_admit(AdmissionAsk("b", group="retry", need=need))
+        assert isinstance(got, Lease) and got.engine == "e2"  # given again, then decided
+        assert await client.hget(key("grp"), "retry:n") == b"3"
+        assert await other.release(got)
+    finally:
+        await client.aclose()
+        for store in (one, other):
+            await store.close()
+        await drop_keys(prefix)

@@ -119,6 +119,7 @@ do -- the choice (its locals end here: a script prepended with common.lua has at
     -- The group's ceiling and sums, read once: {ceiling, engines with a view, capacity, free}.
     sums = redis.call('HMGET', K_GRP, g, g .. ':n', g .. ':c', g .. ':f')
     if not sums[1] then return finish({'regroup'}) end
+    eng.stamp(g)
     local function footprint(base)
       return {
         b = tonumber(ARGV[base]), s = tonumber(ARGV[base + 1]), pb = tonumber(ARGV[base + 2]),

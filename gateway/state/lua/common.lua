@@ -63,7 +63,9 @@
 --  23 gone    ZSET  lease id -> when its replica released it while one of its renewal
 --                   rounds was on its way (release.lua), for 60 s: that round's script does
 --                   not write it again
---  24 touch   STRING the TTL clock (always the last key): set by each full `touch` for 1 %
+--  24 gused   ZSET  group -> its last use (a grouped ask or `set_group`, Redis time): a
+--                   group unused for a key TTL is dropped (renew.lua, `eng.sweep`)
+--  25 touch   STRING the TTL clock (always the last key): set by each full `touch` for 1 %
 --                   of the key TTL; while it lives, a call checks the TTLs of only the keys it
 --                   may have created
 -- ARGV[1] key TTL (s), ARGV[2] change channel; the script's own arguments follow.
@@ -718,6 +720,55 @@ function eng.min_capacity(g)
     end
   end
   return least or 0
+end
+
+-- The groups' last use (gused, key 24 of the call): a grouped ask or a `set_group` stamps
+-- its group; renew.lua drops a group not stamped for a key TTL (`eng.sweep`).
+eng.USED = 24
+
+function eng.stamp(g)
+  zadd(ALL_KEYS[eng.USED], NOW, g)
+end
+
+-- Everything of group `g` goes: its engines' places (and it from their groups in eg), its
+-- kinds, its sums, its order and its stamp.
+function eng.drop(g)
+  local members = redis.call('HGET', K_GRP, g .. ':m')
+  if members then
+    for name in string.gmatch(members, '[^\n]+') do
+      redis.call('HDEL', K_GRP, g .. '\0' .. name)
+      local groups = redis.call('HGET', K_EG, name)
+      if groups then
+        local keep = {}
+        for h in string.gmatch(groups, '[^\n]+') do
+          if h ~= g then keep[#keep + 1] = h end
+        end
+        if #keep > 0 then
+          redis.call('HSET', K_EG, name, table.concat(keep, '\n'))
+        else
+          redis.call('HDEL', K_EG, name)
+        end
+      end
+    end
+  end
+  for kind = 0, num(redis.call('HGET', K_GRP, g .. ':kn')) - 1 do
+    local spec = redis.call('HGET', K_GRP, g .. ':K:' .. kind)
+    redis.call('HDEL', K_GRP, g .. ':K:' .. kind, g .. ':kc:' .. kind)
+    if spec then redis.call('HDEL', K_GRP, g .. ':k:' .. spec) end
+  end
+  redis.call('HDEL', K_GRP, g, g .. ':m', g .. ':c', g .. ':f', g .. ':n', g .. ':kn')
+  redis.call('ZREMRANGEBYLEX', K_GORD, '[' .. g .. '\0', '(' .. g .. '\1')
+  redis.call('ZREM', ALL_KEYS[eng.USED], g)
+  ceilings[g], kinds = false, {}
+end
+
+-- Drop at most `n` of the groups no grouped ask or `set_group` stamped for `idle` seconds
+-- (a group is O(its engines) commands to drop: one per call keeps a call short).
+function eng.sweep(idle, n)
+  local stale = redis.call('ZRANGEBYSCORE', ALL_KEYS[eng.USED], '-inf', NOW - idle,
+    'LIMIT', 0, n)
+  for _, g in ipairs(stale) do eng.drop(g) end
+  return #stale
 end
 
 -- Engine `name` of group `g` (ceiling `ceiling`) has view `v` (nil: none) and the load

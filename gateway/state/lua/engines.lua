@@ -3,8 +3,8 @@
 --   foreign blocks, foreign seqs, healthy '1'/'0' (an empty usable: no view). Each engine
 --   is moved in its groups. Reply: the number of views.
 -- ARGV 3 'group', 4 its name, 5 its KV ceiling, then its engines (sorted): the group is
---   made afresh from the views and loads held (unless it is already so). Reply 1 if made,
---   0 if it was already so.
+--   made afresh from the views and loads held (unless it is already so), and stamped as
+--   used (common.lua `eng.stamp`). Reply 1 if made, 0 if it was already so.
 local what = ARGV[3]
 if what == 'views' then
   local n = 0
@@ -26,32 +26,12 @@ elseif what == 'group' then
   for i = 6, #ARGV do names[#names + 1] = ARGV[i] end
   local members = table.concat(names, '\n')
   local was = redis.call('HMGET', K_GRP, g, g .. ':m')
-  if was[1] == ceiling and was[2] == members then return finish(0) end
-  -- Whatever the group held before goes: its engines' places, its sums and kinds.
-  if was[2] then
-    for old in string.gmatch(was[2], '[^\n]+') do
-      redis.call('HDEL', K_GRP, g .. '\0' .. old)
-      local groups = redis.call('HGET', K_EG, old)
-      if groups then
-        local keep = {}
-        for h in string.gmatch(groups, '[^\n]+') do
-          if h ~= g then keep[#keep + 1] = h end
-        end
-        if #keep > 0 then
-          redis.call('HSET', K_EG, old, table.concat(keep, '\n'))
-        else
-          redis.call('HDEL', K_EG, old)
-        end
-      end
-    end
+  if was[1] == ceiling and was[2] == members then
+    eng.stamp(g)
+    return finish(0)
   end
-  for kind = 0, num(redis.call('HGET', K_GRP, g .. ':kn')) - 1 do
-    local spec = redis.call('HGET', K_GRP, g .. ':K:' .. kind)
-    redis.call('HDEL', K_GRP, g .. ':K:' .. kind, g .. ':kc:' .. kind)
-    if spec then redis.call('HDEL', K_GRP, g .. ':k:' .. spec) end
-  end
-  redis.call('HDEL', K_GRP, g .. ':c', g .. ':f', g .. ':n', g .. ':kn')
-  redis.call('ZREMRANGEBYLEX', K_GORD, '[' .. g .. '\0', '(' .. g .. '\1')
+  eng.drop(g) -- whatever the group held before goes
+  eng.stamp(g)
   hset(K_GRP, g, ceiling, g .. ':m', members)
   ceilings[g], kinds = tonumber(ceiling), {}
   for _, name in ipairs(names) do

@@ -4,7 +4,8 @@
 -- A lease that Redis no longer has (lost in a restart, or expired while its renewals failed)
 -- belongs to a request that is still running: it is written again, with its counters, so
 -- the blocks it holds on its engine are counted, unless its replica released it since this
--- round read it (release.lua `gone`). Reply: the ids written again.
+-- round read it (release.lua `gone`). Then one group unused for a key TTL, if any, is
+-- dropped (common.lua `eng.sweep`). Reply: the ids written again.
 reap_leases()
 expire_queue()
 local ttl, restored = tonumber(ARGV[3]), {}
@@ -29,4 +30,5 @@ for i = 5 + entries, #ARGV - 1, 2 do
     restored[#restored + 1] = id
   end
 end
+eng.sweep(KEY_TTL_MS / 1000, 1) -- a group no replica asked on for a key TTL
 return finish(restored)
