@@ -140,10 +140,9 @@ class Scheduler:
         self.clock = clock
         self.waiting: dict[str, float] = {}
         """This process's requests in the line, by ask id: when each began to wait."""
-        # Engine sets named in the store, the least recently used first, and when each
-        # group was last used.
-        self._groups: dict[frozenset[str], str] = {}
-        self._group_used: dict[str, float] = {}
+        # Engine sets named in the store: each its group and when an ask last used it, the
+        # least recently used first.
+        self._groups: dict[frozenset[str], tuple[str, float]] = {}
 
     async def admit(self, ask: Ask) -> Lease:
         """A lease on some engine, after waiting if needed; raises `RateLimited` (429), or
@@ -276,13 +275,13 @@ class Scheduler:
         if changed:
             await self.store.set_views(changed)
         now = self.clock()
-        group = self._groups.pop(ask.engines, None)
+        named = self._groups.pop(ask.engines, None)
+        group = named[0] if named else None
         if group is None and len(self._groups) < MAX_GROUPS:
             group = engine_group(ask.engines)
             await self.store.set_group(group, ask.engines, self.kv_ceiling)
         if group is not None:
-            self._groups[ask.engines] = group  # the least recently used first
-            self._group_used[group] = now
+            self._groups[ask.engines] = (group, now)  # now the most recently used
         await self._drop_idle_groups(now)
         base = AdmissionAsk(
             lease_id=ask.id,
@@ -306,11 +305,10 @@ class Scheduler:
         """Drop the groups no ask used for `GROUP_IDLE_S` (the least recently used come
         first, so this looks at one group unless some are to go)."""
         while self._groups:
-            engines, group = next(iter(self._groups.items()))
-            if now - self._group_used[group] < GROUP_IDLE_S:
+            engines, (group, used) = next(iter(self._groups.items()))
+            if now - used < GROUP_IDLE_S:
                 return
             del self._groups[engines]
-            del self._group_used[group]
             await self.store.drop_group(group)
 
     def _view(self, name: str, stage: bool) -> EngineView:

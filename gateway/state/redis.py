@@ -328,10 +328,11 @@ class RedisStore:
     async def set_group(self, group: str, engines: frozenset[str], kv_ceiling: float) -> None:
         made = self.engines.set_group(group, engines, kv_ceiling)
         if len(made.names) < self.order_min_engines:
-            self._ordered.pop(group, None)  # its asks go as candidates
+            if self._ordered.pop(group, None) is not None:  # its asks go as candidates
+                self._orders_changed()
             return
         self._ordered[group] = made
-        self._in_order.update(made.names)
+        self._orders_changed()
         await self._push(self._views_call(made.names))
         await self._push(self._group_call(group, made))
 
@@ -341,7 +342,11 @@ class RedisStore:
         gives it again (`_regroup`)."""
         self.engines.drop_group(group)
         if self._ordered.pop(group, None) is not None:
-            self._in_order = {name for made in self._ordered.values() for name in made.names}
+            self._orders_changed()
+
+    def _orders_changed(self) -> None:
+        """`_in_order` again from `_ordered` (after a group was kept, dropped or let go)."""
+        self._in_order = {name for made in self._ordered.values() for name in made.names}
 
     async def _push(self, args: list[str] | None) -> None:
         """Give Redis views or a group (engines.lua); if it does not answer, every view and

@@ -287,7 +287,10 @@ async def test_a_group_no_replica_asked_on_for_a_key_ttl_is_dropped_by_a_renewal
 
     one, other = replica("one"), replica("other")
     client = aioredis.from_url(redis_url())
-    key = f"{{{prefix}}}:%s".__mod__
+
+    def key(name: str) -> str:
+        return f"{{{prefix}}}:{name}"
+
     try:
         specs = [EngineSpec(f"e{i}", "", frozenset({"m"}), 20 + i, 16, 4, 4096) for i in range(4)]
         views = [EngineView(s, EngineLoad()) for s in specs]

@@ -722,8 +722,9 @@ function eng.min_capacity(g)
   return least or 0
 end
 
--- The groups' last use (gused, key 24 of the call): a grouped ask or a `set_group` stamps
--- its group; renew.lua drops a group not stamped for a key TTL (`eng.sweep`).
+-- The groups' last use (gused, key 24 of the call; read as ALL_KEYS[eng.USED], not as a
+-- K_ local: a script prepended with this file is at the 200 locals): a grouped ask or a
+-- `set_group` stamps its group; renew.lua drops a group not stamped for a key TTL.
 eng.USED = 24
 
 function eng.stamp(g)
@@ -768,7 +769,6 @@ function eng.sweep(idle, n)
   local stale = redis.call('ZRANGEBYSCORE', ALL_KEYS[eng.USED], '-inf', NOW - idle,
     'LIMIT', 0, n)
   for _, g in ipairs(stale) do eng.drop(g) end
-  return #stale
 end
 
 -- Engine `name` of group `g` (ceiling `ceiling`) has view `v` (nil: none) and the load

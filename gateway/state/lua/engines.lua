@@ -1,7 +1,6 @@
 -- engines: what grouped asks are decided on (issue 14, docs/engine-index.md).
 -- ARGV 3 'views', then per engine 7 values: name, usable blocks, max_num_seqs, staged seqs,
---   foreign blocks, foreign seqs, healthy '1'/'0' (an empty usable: no view). Each engine
---   is moved in its groups. Reply: the number of views.
+--   foreign blocks, foreign seqs, healthy '1'/'0'. Each engine is moved in its groups. Reply: the number of views.
 -- ARGV 3 'group', 4 its name, 5 its KV ceiling, then its engines (sorted): the group is
 --   made afresh from the views and loads held (unless it is already so), and stamped as
 --   used (common.lua `eng.stamp`). Reply 1 if made, 0 if it was already so.
@@ -10,12 +9,8 @@ if what == 'views' then
   local n = 0
   for i = 4, #ARGV, 7 do
     local name = ARGV[i]
-    if ARGV[i + 1] == '' then
-      redis.call('HDEL', K_VIEWS, name)
-    else
-      hset(K_VIEWS, name, table.concat({ARGV[i + 1], ARGV[i + 2], ARGV[i + 3], ARGV[i + 4],
-        ARGV[i + 5], ARGV[i + 6]}, ','))
-    end
+    hset(K_VIEWS, name, table.concat({ARGV[i + 1], ARGV[i + 2], ARGV[i + 3], ARGV[i + 4],
+      ARGV[i + 5], ARGV[i + 6]}, ','))
     reorder(name)
     n = n + 1
   end
