@@ -73,6 +73,23 @@ async def test_another_tenants_entry_may_be_passed_later_with_headroom(store_wit
     await store.release(hog)
 
 
+async def test_with_headroom_off_no_entry_is_passed_later(store_with):
+    store = store_with(burst_blocks=0, headroom=0)
+    a = spec("a", blocks=21, seqs=100)
+    flood, calm = TenantPolicy("flood"), TenantPolicy("calm")
+    hog = await store.try_admit(ask(a, blocks=18))
+    held = await store.try_admit(tenant_ask(a, flood))
+    assert isinstance(held, Lease)
+    entry = tenant_ask(a, flood, queued=True)
+    assert await store.enqueue(queue_entry(entry, flood), 10) == "queued"
+    got = await store.try_admit(tenant_ask(a, calm))
+    assert got.code == "queued_ahead" and got.behind.entry_id == entry.lease_id
+    assert got.behind.may_pass is False  # flood holds blocks, but no rule lets anyone pass
+    await store.dequeue(entry.lease_id)
+    await store.release(held)
+    await store.release(hog)
+
+
 async def test_wait_behind_ends_when_that_entry_leaves_not_on_a_release(store):
     a = spec("a")
     hog = await store.try_admit(ask(a, blocks=9))

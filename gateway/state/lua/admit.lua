@@ -146,36 +146,43 @@ do -- the choice (its locals end here: a script prepended with common.lua has at
 
   -- Headroom (gateway/core/headroom.py): the active tenants, the others' weights, from the
   -- aggregates kept as they change (common.lua, active_now). `pool` is the candidates'
-  -- capacity, `need` their largest footprint (before credit).
+  -- capacity, `need` their largest footprint (before credit). Returns a function that gives
+  -- the rule (nil: none), computed when first asked for: a refusal by the line mostly does
+  -- not depend on it (`line_reply`).
   local function headroom_rule(pool, need)
-    if headroom <= 0 then return nil end
-    local t = active_now(window)
-    local rec = activity(tenant)
-    local others = others_weight(t, rec)
-    if others <= 0 then return nil end
-    local total = weight + others
-    local mine = average_at(rec, held, window)
-    -- What the other active tenants lack of their shares of the pool: kept free for them.
-    local rule = {
-      total = total, mine = mine, pool = pool,
-      unused = unused_of(t, tenant, rec, others, pool, total),
-    }
-    -- A queued entry this ask may pass: the ask stays within its share, and the entry
-    -- would take its (other) tenant above its own.
-    if not over_share(held, need, mine, weight, total, pool) then
-      local seen = {}
-      rule.passable = function(e)
-        if e.t == tenant then return false end
-        local a = seen[e.t]
-        if a == nil then
-          a = activity(e.t) or false
-          seen[e.t] = a
-        end
-        if not a then return false end
-        return over_share(a.h, e.b, average_at(a, a.h, window), a.w, total, pool)
+    local rule = false
+    local function compute()
+      if headroom <= 0 then return nil end
+      local t = active_now(window)
+      local rec = activity(tenant)
+      local others = others_weight(t, rec)
+      if others <= 0 then return nil end
+      local total = weight + others
+      local mine = average_at(rec, held, window)
+      local r = {total = total, mine = mine, pool = pool}
+      -- What the other active tenants lack of their shares of the pool, kept free for
+      -- them: read (`unused_of`) when `allows` first needs it, for an ask above its share.
+      r.unused = function()
+        local u = unused_of(t, tenant, rec, others, pool, total)
+        r.unused = function() return u end
+        return u
       end
+      -- A queued entry this ask may pass: the ask stays within its share, and the entry
+      -- would take its (other) tenant above its own.
+      if not over_share(held, need, mine, weight, total, pool) then
+        r.passable = function(e)
+          if e.t == tenant then return false end
+          local a = activity(e.t)
+          if not a then return false end
+          return over_share(a.h, e.b, average_at(a, a.h, window), a.w, total, pool)
+        end
+      end
+      return r
     end
-    return rule
+    return function()
+      if rule == false then rule = compute() end
+      return rule
+    end
   end
 
   -- The rule with the pool's free blocks now and the other holders' burst claims.
@@ -189,7 +196,7 @@ do -- the choice (its locals end here: a script prepended with common.lua has at
     local after = rule.pool_free - b
     if over_share(held, b, rule.mine, weight, rule.total, rule.pool) then
       return free - b >= headroom * cap
-        and after - rule.excess >= unused_against(rule.unused, after - rule.excess)
+        and after - rule.excess >= unused_against(rule.unused(), after - rule.excess)
     elseif held > 0 and (rule.mine + b) * rule.total > weight * rule.pool then
       return after >= rule.claims -- the others' burst claims (headroom.py allows)
     end
@@ -197,16 +204,28 @@ do -- the choice (its locals end here: a script prepended with common.lua has at
   end
 
   -- The order of the line: nobody queued before this ask may want any of its engines
-  -- (`engines`: name -> true). A reply when someone does, else nil.
-  local function line_reply(engines, rule)
+  -- (`engines`: name -> true). A reply when someone does, else nil. `rule_of()` gives the
+  -- headroom rule; it is asked for only where it decides: an entry of another tenant that
+  -- holds blocks may be passable (one holding none is never above its share).
+  local function line_reply(engines, rule_of)
     local key = own and own.m
       or member(prio, start_tag(tenant, prio, weight, burst), NEWCOMER_SEQ, '')
-    local ahead, ahead_id = blocker(key, engines, id, rule and rule.passable)
+    local passable = nil
+    if headroom > 0 then
+      passable = function(e)
+        if e.t == tenant then return false end
+        local a = activity(e.t)
+        if not a or (a.h <= 0 and not a.stale) then return false end
+        local rule = rule_of()
+        return rule ~= nil and rule.passable ~= nil and rule.passable(e)
+      end
+    end
+    local ahead, ahead_id = blocker(key, engines, id, passable)
     if not ahead then return nil end
     local expires = tonumber(redis.call('ZSCORE', K_QEXP, ahead_id)) or NOW
     return {'refused', 'queued_ahead', '', ahead_id, fmt(math.max(0, expires - NOW)),
-      (rule and ahead.t ~= tenant and num(redis.call('HGET', K_TEN, 'k:' .. ahead.t)) > 0)
-        and '1' or '0'}
+      (ahead.t ~= tenant and num(redis.call('HGET', K_TEN, 'k:' .. ahead.t)) > 0
+        and rule_of() ~= nil) and '1' or '0'}
   end
 
   -- The candidate's score by each scorer (routing.py), higher is better.
@@ -292,9 +311,10 @@ do -- the choice (its locals end here: a script prepended with common.lua has at
     for _, c in ipairs(ex) do
       if not within_share(c.b) then return nil end
     end
-    local rule = headroom_rule(num(sums[3]), worst)
-    local reply = line_reply(members, rule)
+    local rule_of = headroom_rule(num(sums[3]), worst)
+    local reply = line_reply(members, rule_of)
     if reply then return reply end
+    local rule = rule_of()
     local floor, over = need_f.b, false
     if rule then
       with_claims(rule, num(sums[4]))
@@ -488,9 +508,12 @@ do -- the choice (its locals end here: a script prepended with common.lua has at
       end
     end
     if #cands > 0 and #within == 0 then return refuse('tenant_kv_share') end
-    local rule = headroom_rule(pool, need)
-    local reply = line_reply(engines, rule)
-    if reply then return finish(reply) end
+    local rule_of = headroom_rule(pool, need)
+    do -- (its local ends here: at most 200 at once)
+      local reply = line_reply(engines, rule_of)
+      if reply then return finish(reply) end
+    end
+    local rule = rule_of()
 
     -- Routing (gateway/core/routing.py): filter, score, then a seeded choice among ties.
     local pool_free = 0
