@@ -66,6 +66,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -205,13 +206,64 @@ async def script_stats(client: Any) -> tuple[int, int]:
     return sum(int(g.get("calls", 0)) for g in got), sum(int(g.get("usec", 0)) for g in got)
 
 
+async def redis_scenario(
+    store: Any, client: Any, prefix: str, shape: tuple[int, int, int], window: float, form: str
+) -> tuple[Callable[[str, Any], Any], list[Any]]:
+    """The state of an engines x tenants x waiting `shape` on a `RedisStore` (its keys under
+    `prefix`, `client` on the same server): each tenant admitted one 8-block lease, every
+    second one released again, `waiting` entries in the line, then the tenants' headroom
+    records written as active within `window`. Returns how to ask (lease id, policy) in the
+    `form` of ask (candidates or grouped) and the tenants' policies."""
+    from gateway.state.base import AdmissionAsk, Lease, QueueEntry
+
+    engines, tenants, waiting = shape
+    candidates, names, policies = _scenario(engines, tenants, waiting)
+    grouped = form == "grouped"
+    if grouped:  # a tree before the Redis order expands grouped asks in the client
+        await store.set_views([c.view for c in candidates])
+        await store.set_group("all", names, 1.0)
+        await _retry_groups(store, names)
+
+    def ask(name: str, policy: Any) -> AdmissionAsk:
+        if grouped:
+            return AdmissionAsk(name, tenant=policy, group="all", need=candidates[0].need)
+        return AdmissionAsk(name, candidates, 1.0, policy)
+
+    store.headroom, headroom = 0.0, store.headroom  # set-up: records written below
+
+    async def setup(i: int) -> None:
+        lease = await store.try_admit(ask(f"a{i}", policies[i]))
+        assert isinstance(lease, Lease), lease
+        if i % 2:
+            await store.release(lease)
+
+    async def wait(i: int) -> None:
+        entry = QueueEntry(f"w{i}", policies[i % tenants], names, 8, 10**5)
+        assert await store.enqueue(entry, 10**6) == "queued"
+
+    for start in range(0, tenants, 64):
+        await asyncio.gather(*(setup(i) for i in range(start, min(tenants, start + 64))))
+    for start in range(0, waiting, 64):
+        await asyncio.gather(*(wait(i) for i in range(start, min(waiting, start + 64))))
+    sec, usec = await client.time()
+    now = repr(sec + usec / 1e6)
+    pipe = client.pipeline(transaction=False)
+    for i, policy in enumerate(policies):
+        held = "0" if i % 2 else "8"
+        record = {"w": "1", "s": now, "u": held, "us": now, "n": repr(window)}
+        pipe.hset(f"{{{prefix}}}:act", policy.name, json.dumps(record))
+    await pipe.execute()
+    store.headroom = headroom
+    return ask, policies
+
+
 async def redis_decisions(
     engines: int, tenants: int, waiting: int, seconds: float, url: str, form: str = "candidates"
 ) -> dict[str, Any]:
     import redis.asyncio as aioredis
 
     from gateway.core.routing import DEFAULT_SCORERS
-    from gateway.state.base import AdmissionAsk, Lease, QueueEntry
+    from gateway.state.base import Lease
     from gateway.state.redis import RedisStore
 
     window = 600.0
@@ -228,43 +280,9 @@ async def redis_decisions(
     )
     client = aioredis.from_url(url)
     try:
-        candidates, names, policies = _scenario(engines, tenants, waiting)
-        grouped = form == "grouped"
-        if grouped:  # a tree before the Redis order expands grouped asks in the client
-            await store.set_views([c.view for c in candidates])
-            await store.set_group("all", names, 1.0)
-            await _retry_groups(store, names)
-
-        def ask(name: str, policy: Any) -> AdmissionAsk:
-            if grouped:
-                return AdmissionAsk(name, tenant=policy, group="all", need=candidates[0].need)
-            return AdmissionAsk(name, candidates, 1.0, policy)
-
-        store.headroom, headroom = 0.0, store.headroom  # set-up: records written below
-
-        async def setup(i: int) -> None:
-            lease = await store.try_admit(ask(f"a{i}", policies[i]))
-            assert isinstance(lease, Lease), lease
-            if i % 2:
-                await store.release(lease)
-
-        async def wait(i: int) -> None:
-            entry = QueueEntry(f"w{i}", policies[i % tenants], names, 8, 10**5)
-            assert await store.enqueue(entry, 10**6) == "queued"
-
-        for start in range(0, tenants, 64):
-            await asyncio.gather(*(setup(i) for i in range(start, min(tenants, start + 64))))
-        for start in range(0, waiting, 64):
-            await asyncio.gather(*(wait(i) for i in range(start, min(waiting, start + 64))))
-        sec, usec = await client.time()
-        now = repr(sec + usec / 1e6)
-        pipe = client.pipeline(transaction=False)
-        for i, policy in enumerate(policies):
-            held = "0" if i % 2 else "8"
-            record = {"w": "1", "s": now, "u": held, "us": now, "n": repr(window)}
-            pipe.hset(f"{{{prefix}}}:act", policy.name, json.dumps(record))
-        await pipe.execute()
-        store.headroom = headroom
+        ask, policies = await redis_scenario(
+            store, client, prefix, (engines, tenants, waiting), window, form
+        )
 
         async def server_us(call: Any, check: bool) -> tuple[Any, float, float]:
             """The call's result, its wall time and its script's server time (µs); the
