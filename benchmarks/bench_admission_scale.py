@@ -206,6 +206,24 @@ async def script_stats(client: Any) -> tuple[int, int]:
     return sum(int(g.get("calls", 0)) for g in got), sum(int(g.get("usec", 0)) for g in got)
 
 
+def bench_store(url: str, prefix: str, window: float) -> Any:
+    """A `RedisStore` for the Redis measurements: its keys under `prefix`, the active
+    window `window` s, leases that outlast any run, a fixed tie-break seed."""
+    from gateway.core.routing import DEFAULT_SCORERS
+    from gateway.state.redis import RedisStore
+
+    return RedisStore(
+        url,
+        DEFAULT_SCORERS,
+        replica_id="bench",
+        key_prefix=prefix,
+        seed=0,
+        lease_ttl_s=600.0,
+        active_window_s=window,
+        timeout_s=30.0,
+    )
+
+
 async def redis_scenario(
     store: Any, client: Any, prefix: str, shape: tuple[int, int, int], window: float, form: str
 ) -> tuple[Callable[[str, Any], Any], list[Any]]:
@@ -262,22 +280,11 @@ async def redis_decisions(
 ) -> dict[str, Any]:
     import redis.asyncio as aioredis
 
-    from gateway.core.routing import DEFAULT_SCORERS
     from gateway.state.base import Lease
-    from gateway.state.redis import RedisStore
 
     window = 600.0
     prefix = f"bench-{os.getpid()}"
-    store = RedisStore(
-        url,
-        DEFAULT_SCORERS,
-        replica_id="bench",
-        key_prefix=prefix,
-        seed=0,
-        lease_ttl_s=600.0,
-        active_window_s=window,
-        timeout_s=30.0,
-    )
+    store = bench_store(url, prefix, window)
     client = aioredis.from_url(url)
     try:
         ask, policies = await redis_scenario(

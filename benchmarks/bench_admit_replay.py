@@ -41,12 +41,17 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_admission_scale import GC_PERIOD, _gc_phase, _percentile, redis_scenario
+from bench_admission_scale import (
+    GC_PERIOD,
+    _gc_phase,
+    _percentile,
+    bench_store,
+    redis_scenario,
+)
 
 from gateway.harness import RedisServer
 from gateway.state import redis as redis_store
 from gateway.state import scripts
-from gateway.state.scripts import Library
 
 _ADMIT = b"_admit\r\n"  # the admit script's function name ends so in the packed call
 
@@ -55,17 +60,9 @@ _CLOCK = re.compile(rb"\$\d+\r\n(1\d{9}\.\d+|\d+\.\d{6,})\r\n")
 
 
 def library_text(tree: Path, name: str) -> str:
-    """The function library of `tree`'s scripts, named `name` (as `redis._library` builds
-    it from this tree's own files)."""
+    """The function library of `tree`'s scripts, named `name`."""
     lua = tree / "gateway" / "state" / "lua"
-    parts = [f"#!lua name={name}", (lua / "common.lua").read_text()]
-    for script in redis_store.SCRIPTS:
-        body = (lua / f"{script}.lua").read_text()
-        parts.append(
-            f"redis.register_function('{Library.function_name(name, script)}', "
-            f"function(KEYS, ARGV)\nbegin(KEYS, ARGV)\n{body}\nend)"
-        )
-    return "\n".join(parts) + "\n"
+    return redis_store.library_source(name, lambda file: (lua / f"{file}.lua").read_text())
 
 
 def renamed(packed: bytes, library: str) -> bytes:
@@ -83,20 +80,10 @@ async def capture(
     """The state set up, then `calls` decisions made: each one's script calls as sent."""
     import redis.asyncio as aioredis
 
-    from gateway.core.routing import DEFAULT_SCORERS
     from gateway.state.base import Lease
 
     window, prefix = 600.0, "replay"
-    store = redis_store.RedisStore(
-        url,
-        DEFAULT_SCORERS,
-        replica_id="bench",
-        key_prefix=prefix,
-        seed=0,
-        lease_ttl_s=600.0,
-        active_window_s=window,
-        timeout_s=30.0,
-    )
+    store = bench_store(url, prefix, window)
     client = aioredis.from_url(url)
     kept: list[bytes] = []
     original = scripts.Lane.call

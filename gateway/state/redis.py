@@ -45,7 +45,7 @@ import json
 import logging
 import random
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
 from importlib import resources
 from typing import Any
@@ -141,22 +141,25 @@ def _script_source(name: str) -> str:
     return _lua("common") + "\nbegin(KEYS, ARGV)\n" + _lua(name)
 
 
+def library_source(name: str, lua: Callable[[str], str] = _lua) -> str:
+    """Every script as the text of one function library named `name`: the shared code
+    once, then each body as its function (`Library.function_name`). `lua(file)` gives a
+    Lua file's text (this package's by default; benchmarks/bench_admit_replay.py gives
+    another tree's)."""
+    parts = [f"#!lua name={name}", lua("common")]
+    for script in SCRIPTS:
+        parts.append(
+            f"redis.register_function('{Library.function_name(name, script)}', "
+            f"function(KEYS, ARGV)\nbegin(KEYS, ARGV)\n{lua(script)}\nend)"
+        )
+    return "\n".join(parts) + "\n"
+
+
 def _library() -> Library:
-    """Every script as one function library: the shared code once, then each body as its
-    function (`Library.function_name`). Named by a digest of its whole text, so replicas of
-    different versions (a rolling upgrade) each call their own."""
-
-    def text(name: str) -> str:
-        parts = [f"#!lua name={name}", _lua("common")]
-        for script in SCRIPTS:
-            parts.append(
-                f"redis.register_function('{Library.function_name(name, script)}', "
-                f"function(KEYS, ARGV)\nbegin(KEYS, ARGV)\n{_lua(script)}\nend)"
-            )
-        return "\n".join(parts) + "\n"
-
-    name = f"kvgw_{hashlib.sha1(text('kvgw').encode()).hexdigest()[:16]}"
-    return Library(name, text(name))
+    """The scripts as one function library, named by a digest of its whole text, so
+    replicas of different versions (a rolling upgrade) each call their own."""
+    name = f"kvgw_{hashlib.sha1(library_source('kvgw').encode()).hexdigest()[:16]}"
+    return Library(name, library_source(name))
 
 
 def _opt(value: float | None) -> str:
