@@ -167,13 +167,11 @@ do -- the choice (its locals end here: a script prepended with common.lua has at
         r.unused = function() return u end
         return u
       end
-      -- A queued entry this ask may pass: the ask stays within its share, and the entry
-      -- would take its (other) tenant above its own.
+      -- Whether this ask may pass a queued entry of another tenant (`a` that tenant's
+      -- record): the ask stays within its share, and the entry would take its tenant above
+      -- its own (nil while the ask is above its share: it passes none).
       if not over_share(held, need, mine, weight, total, pool) then
-        r.passable = function(e)
-          if e.t == tenant then return false end
-          local a = activity(e.t)
-          if not a then return false end
+        r.passable = function(e, a)
           return over_share(a.h, e.b, average_at(a, a.h, window), a.w, total, pool)
         end
       end
@@ -215,9 +213,12 @@ do -- the choice (its locals end here: a script prepended with common.lua has at
       passable = function(e)
         if e.t == tenant then return false end
         local a = activity(e.t)
-        if not a or (a.h <= 0 and not a.stale) then return false end
+        if not a or (a.h <= 0 and not a.stale) then return false end -- above no share
         local rule = rule_of()
-        return rule ~= nil and rule.passable ~= nil and rule.passable(e)
+        if not rule or not rule.passable then return false end
+        -- Read again: the rule's first computation may have counted the records anew.
+        a = activity(e.t)
+        return a ~= nil and rule.passable(e, a)
       end
     end
     local ahead, ahead_id = blocker(key, engines, id, passable)
