@@ -21,8 +21,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gateway.core.routing import DEFAULT_SCORERS
-from gateway.core.types import EngineLoad, EngineSpec, EngineView, Footprint
-from gateway.state.base import AdmissionAsk, Lease
+from gateway.core.types import EngineLoad, EngineSpec, EngineView, Footprint, TenantPolicy
+from gateway.state.base import AdmissionAsk, Lease, Refusal
 from gateway.state.engines import EngineBook
 from gateway.state.redis import RedisStore
 from tests.redis_server import redis_url
@@ -333,3 +333,57 @@ async def test_a_group_no_replica_asked_on_for_a_key_ttl_is_dropped_by_a_renewal
         for store in (one, other):
             await store.close()
         await drop_keys(prefix)
+
+
+async def _refused_above_share_reads(engines: int) -> int:
+    """The order reads (`ZRANGEBYLEX`) of one grouped ask refused above its share, where each
+    of `engines` engines has free blocks for it but not the headroom it needs besides."""
+    prefix = new_prefix()
+    store = RedisStore(
+        redis_url(),
+        DEFAULT_SCORERS,
+        replica_id="a",
+        key_prefix=prefix,
+        seed=0,
+        headroom=0.2,
+        active_window_s=3600.0,
+        order_min_engines=1,
+    )
+    client = aioredis.from_url(redis_url())
+    tiny, other = TenantPolicy("tiny", weight=0.001), TenantPolicy("other")
+
+    def ask(name: str, tenant: TenantPolicy, blocks: int) -> AdmissionAsk:
+        return AdmissionAsk(
+            name, tenant=tenant, group="all", need=Footprint(blocks, 1, 16 * blocks)
+        )
+
+    try:
+        specs = [
+            EngineSpec(f"e{i:02}", "", frozenset({"m"}), 101, 16, 16, 4096) for i in range(engines)
+        ]
+        await store.set_views([EngineView(s, EngineLoad()) for s in specs])
+        await store.set_group("all", frozenset(s.name for s in specs), 1.0)
+        held = [await store.try_admit(ask("t", tiny, 4)), await store.try_admit(ask("o", other, 1))]
+        assert all(isinstance(lease, Lease) for lease in held), held
+        # 80 of each engine's 100 blocks taken by load the gateway does not hold: 20 free or
+        # less, above the ask's 8 but below the 8 + 20 % of 100 it needs above its share.
+        await store.set_views([EngineView(s, EngineLoad(), foreign_blocks=80) for s in specs])
+        before = await client.info("commandstats")
+        got = await store.try_admit(ask("x", tiny, 8))
+        after = await client.info("commandstats")
+        assert got == Refusal("no_capacity"), got
+        for lease in held:
+            assert await store.release(lease)
+        return int(after["cmdstat_zrangebylex"]["calls"] - before["cmdstat_zrangebylex"]["calls"])
+    finally:
+        await client.aclose()
+        await store.close()
+        await drop_keys(prefix)
+
+
+async def test_the_walk_stops_at_the_headroom_floor_whatever_the_engines() -> None:
+    """An ask above its share needs `headroom` of an engine's capacity left free besides its
+    blocks, so the walk down the group's order stops at the first engine with less free
+    than that (admit.lua's floor) instead of reading on: with 64 engines none of which can
+    take it, the refusal reads the order no more than with 16 (one read of 32 members)."""
+    assert await _refused_above_share_reads(64) == await _refused_above_share_reads(16)
