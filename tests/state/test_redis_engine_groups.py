@@ -339,16 +339,7 @@ async def _refused_above_share_reads(engines: int) -> int:
     """The order reads (`ZRANGEBYLEX`) of one grouped ask refused above its share, where each
     of `engines` engines has free blocks for it but not the headroom it needs besides."""
     prefix = new_prefix()
-    store = RedisStore(
-        redis_url(),
-        DEFAULT_SCORERS,
-        replica_id="a",
-        key_prefix=prefix,
-        seed=0,
-        headroom=0.2,
-        active_window_s=3600.0,
-        order_min_engines=1,
-    )
+    store = _store(DEFAULT_SCORERS, 0.2, prefix)
     client = aioredis.from_url(redis_url())
     tiny, other = TenantPolicy("tiny", weight=0.001), TenantPolicy("other")
 

@@ -162,10 +162,10 @@ do -- the choice (its locals end here: a script prepended with common.lua has at
       local r = {total = total, mine = mine, pool = pool}
       -- What the other active tenants lack of their shares of the pool, kept free for
       -- them: read (`unused_of`) when `allows` first needs it, for an ask above its share.
+      local unused = nil
       r.unused = function()
-        local u = unused_of(t, tenant, rec, others, pool, total)
-        r.unused = function() return u end
-        return u
+        if unused == nil then unused = unused_of(t, tenant, rec, others, pool, total) end
+        return unused
       end
       -- Whether this ask may pass a queued entry of another tenant (`a` that tenant's
       -- record): the ask stays within its share, and the entry would take its tenant above

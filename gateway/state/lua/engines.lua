@@ -1,6 +1,7 @@
 -- engines: what grouped asks are decided on (issue 14, docs/engine-index.md).
 -- ARGV 3 'views', then per engine 7 values: name, usable blocks, max_num_seqs, staged seqs,
---   foreign blocks, foreign seqs, healthy '1'/'0'. Each engine is moved in its groups. Reply: the number of views.
+--   foreign blocks, foreign seqs, healthy '1'/'0'. Each engine is moved in its groups.
+--   Reply: the number of views.
 -- ARGV 3 'group', 4 its name, 5 its KV ceiling, then its engines (sorted): the group is
 --   made afresh from the views and loads held (unless it is already so), and stamped as
 --   used (common.lua `eng.stamp`). Reply 1 if made, 0 if it was already so.
@@ -28,7 +29,7 @@ elseif what == 'group' then
   eng.drop(g) -- whatever the group held before goes
   eng.stamp(g)
   hset(K_GRP, g, ceiling, g .. ':m', members)
-  ceilings[g], kinds = tonumber(ceiling), {}
+  ceilings[g] = tonumber(ceiling) -- (eng.drop emptied `kinds`)
   for _, name in ipairs(names) do
     local groups = redis.call('HGET', K_EG, name)
     hset(K_EG, name, groups and (groups .. '\n' .. g) or g)
