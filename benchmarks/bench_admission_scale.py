@@ -89,7 +89,7 @@ GC_PERIOD = 50
 script (`LUA_GC_CYCLE_PERIOD` in Redis's script_lua.c): that call's time includes it."""
 
 
-def _gc_phase(server_us: list[float], phases: list[int]) -> dict[str, Any]:
+def gc_phase(server_us: list[float], phases: list[int]) -> dict[str, Any]:
     """The calls that took Redis's Lua GC step apart from the others: the script calls
     whose number mod `GC_PERIOD` has the highest median (the step's place in the count
     is not known: a server counts every script call since it started; where admits
@@ -105,7 +105,7 @@ def _gc_phase(server_us: list[float], phases: list[int]) -> dict[str, Any]:
     return {
         "gc_step_calls_p50_us": round(statistics.median(by[step]), 1),
         "other_calls_p50_us": round(statistics.median(rest), 1),
-        "other_calls_p99_us": round(_percentile(rest, 0.99), 1),
+        "other_calls_p99_us": round(percentile(rest, 0.99), 1),
     }
 
 
@@ -117,7 +117,8 @@ class Clock:
         return self.now
 
 
-def _percentile(values: list[float], q: float) -> float:
+def percentile(values: list[float], q: float) -> float:
+    """The nearest-rank `q` quantile (0 < q <= 1) of `values`."""
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, math.ceil(q * len(ordered)) - 1)]
 
@@ -193,7 +194,7 @@ async def decisions(
         "asks": form,
         "calls": len(times),
         "p50_us": round(statistics.median(times), 1),
-        "p99_us": round(_percentile(times, 0.99), 1),
+        "p99_us": round(percentile(times, 0.99), 1),
         "outcomes": outcomes,
     }
 
@@ -291,9 +292,9 @@ async def redis_decisions(
             store, client, prefix, (engines, tenants, waiting), window, form
         )
 
-        async def server_us(call: Any, check: bool) -> tuple[Any, float, float]:
-            """The call's result, its wall time and its script's server time (µs); the
-            number of script calls so far is left in `count[0]`."""
+        async def server_us(call: Any, check: bool) -> tuple[Any, float, float, int]:
+            """The call's result, its wall time, its script's server time (µs) and the
+            number of script calls so far."""
             calls, usec = await script_stats(client)
             t0 = time.perf_counter_ns()
             result = await call
@@ -301,10 +302,8 @@ async def redis_decisions(
             calls2, usec2 = await script_stats(client)
             # This call's script only (a first call may load its script: NOSCRIPT, again).
             assert calls2 - calls == 1 or not check, (calls, calls2)
-            count[0] = calls2
-            return result, wall, float(usec2 - usec)
+            return result, wall, float(usec2 - usec), calls2
 
-        count = [0]
         times: list[float] = []
         admit_us: list[float] = []
         phases: list[int] = []  # each admit's script call number, mod GC_PERIOD
@@ -321,10 +320,10 @@ async def redis_decisions(
                 phases.clear()
                 started = time.perf_counter()
             a = ask(f"ask-{10**7 + i}", policies[i % tenants])
-            result, wall, server = await server_us(store.try_admit(a), i >= 3)
+            result, wall, server, calls = await server_us(store.try_admit(a), i >= 3)
             times.append(wall)
             admit_us.append(server)
-            phases.append(count[0] % GC_PERIOD)
+            phases.append(calls % GC_PERIOD)
             code = "admitted" if isinstance(result, Lease) else result.code
             outcomes[code] = outcomes.get(code, 0) + 1
             if isinstance(result, Lease):
@@ -336,15 +335,15 @@ async def redis_decisions(
             "asks": form,
             "calls": len(times),
             "server_p50_us": round(statistics.median(admit_us), 1),
-            "server_p99_us": round(_percentile(admit_us, 0.99), 1),
+            "server_p99_us": round(percentile(admit_us, 0.99), 1),
             "wall_p50_us": round(statistics.median(times), 1),
-            "wall_p99_us": round(_percentile(times, 0.99), 1),
+            "wall_p99_us": round(percentile(times, 0.99), 1),
             "outcomes": outcomes,
         }
-        got.update(_gc_phase(admit_us, phases))
+        got.update(gc_phase(admit_us, phases))
         if release_us:
             got["release_server_p50_us"] = round(statistics.median(release_us), 1)
-            got["release_server_p99_us"] = round(_percentile(release_us, 0.99), 1)
+            got["release_server_p99_us"] = round(percentile(release_us, 0.99), 1)
         return got
     finally:
         await store.close()

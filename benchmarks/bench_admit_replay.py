@@ -39,14 +39,17 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import hiredis
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_admission_scale import (
     GC_PERIOD,
-    _gc_phase,
-    _percentile,
     bench_store,
+    gc_phase,
+    percentile,
     redis_scenario,
+    script_stats,
 )
 
 from gateway.harness import RedisServer
@@ -130,12 +133,22 @@ async def replay(
     calls = [[[renamed(c, name) for c in d] for d in decisions] for name in names]
 
     async def timed(packed: bytes) -> tuple[float, bytes, int]:
-        before = (await client.info("commandstats"))["cmdstat_fcall"]
+        """The call's server time (µs), its reply as sent, and the script calls so far."""
+        calls, usec = await script_stats(client)
         writer.write(packed)
         await writer.drain()
-        reply = await reader.read(1 << 20)  # one short reply
-        after = (await client.info("commandstats"))["cmdstat_fcall"]
-        return float(after["usec"] - before["usec"]), reply, int(after["calls"])
+        parser, reply = hiredis.Reader(), b""
+        while True:  # the whole reply, however it arrives
+            chunk = await reader.read(1 << 16)
+            if not chunk:
+                raise ConnectionError("redis-server closed the connection")
+            reply += chunk
+            parser.feed(chunk)
+            if parser.gets() is not False:
+                break
+        calls2, usec2 = await script_stats(client)
+        assert calls2 - calls == 1, (calls, calls2)  # this call's script, nothing else
+        return float(usec2 - usec), reply, calls2
 
     admit: list[list[float]] = [[] for _ in trees]
     phases: list[list[int]] = [[] for _ in trees]
@@ -163,13 +176,13 @@ async def replay(
     def figures(v: list[float]) -> dict[str, float]:
         return {
             "p50": statistics.median(v),
-            "p90": _percentile(v, 0.9),
-            "p99": _percentile(v, 0.99),
+            "p90": percentile(v, 0.9),
+            "p99": percentile(v, 0.99),
             "mean": round(statistics.mean(v), 1),
         }
 
     return {
-        str(tree): {"admit": figures(admit[k]), **_gc_phase(admit[k], phases[k])}
+        str(tree): {"admit": figures(admit[k]), **gc_phase(admit[k], phases[k])}
         | ({"release": figures(release[k])} if release[k] else {})
         for k, tree in enumerate(trees)
     }
