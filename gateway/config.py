@@ -52,6 +52,12 @@ class EngineConfig(_Strict):
     # The engine's KV-cache event publisher (vLLM's `--kv-events-config` with the zmq
     # publisher), e.g. tcp://10.0.0.5:5557: its events feed the prefix index (exact mode).
     kv_events: str | None = None
+    # Whether the engine shares cached prompt blocks between requests (vLLM's
+    # --enable-prefix-caching, on by default; --no-enable-prefix-caching turns it off). Null:
+    # read from the engine's /metrics (`vllm:cache_config_info`), and counted as off while
+    # unknown. A request is credited with prompt blocks other requests hold on an engine,
+    # and routed by what the engine caches, only where this is true.
+    prefix_caching: bool | None = None
 
     @field_validator("platform")
     @classmethod

@@ -7,11 +7,12 @@ footprints what the store and routing need (`Footprint.prefix`, `Footprint.cache
 this replica's `PrefixIndex` of what it sent to each engine, forgotten when an engine starts a
 new epoch (restarted, or readmitted after an ejection: `EngineState.epoch`).
 
-A footprint gets no prefix when the gateway cannot tell what vLLM would share: no token ids
-(`tiktoken:` and `estimate` counters, media in the prompt), several prompts, a request that
-reads no cache (`prompt_logprobs`), a pooling request. The hash chain includes what vLLM's
-includes besides the tokens: the model (a LoRA adapter is its own model id) and the
-request's `cache_salt`.
+A footprint gets no prefix on an engine that does not cache prefixes
+(`EngineSpec.prefix_caching`: off, or not known), and none when the gateway cannot tell what
+vLLM would share: no token ids (`tiktoken:` and `estimate` counters, media in the prompt),
+several prompts, a request that reads no cache (`prompt_logprobs`), a pooling request. The
+hash chain includes what vLLM's includes besides the tokens: the model (a LoRA adapter is its
+own model id) and the request's `cache_salt`.
 
 Exact mode (`engines[].kv_events`): an engine that publishes its KV-cache events has its
 index entries fed by them (`follow`, `events`: gateway/core/kv_events.py) instead of by what
@@ -74,8 +75,8 @@ class PrefixCache:
         blocks: dict[str, tuple[BlockHash, ...]] = {}
         for name, need in needs.items():
             state = self.pool.get(name)
-            if state is None:
-                out[name] = need
+            if state is None or not state.spec.prefix_caching:
+                out[name] = need  # an engine that does not cache shares no block
                 continue
             size = state.spec.block_size
             full = by_size.get(size)

@@ -12,7 +12,7 @@ import hashlib
 import logging
 import time
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field, replace
 
 from gateway.core.retry import ReleaseRate, RetryAdvice, RetryForecast, Room
@@ -97,14 +97,25 @@ class Ask:
     # the engines where it differs (another block size, blocks expected cached there).
     need: Footprint = field(init=False, repr=False, compare=False)
     exceptions: tuple[tuple[str, Footprint], ...] = field(init=False, repr=False, compare=False)
+    # The engines where its footprint carries prefix hashes the store may credit.
+    prefixed: frozenset[str] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "engines", frozenset(self.needs))
+        prefixed = frozenset(n for n, f in self.needs.items() if f.prefix or f.cached)
+        object.__setattr__(self, "prefixed", prefixed)
         common = Counter(self.needs.values()).most_common(1)
         need = common[0][0] if common else Footprint(0, 1, 0)
         exceptions = tuple(sorted((n, f) for n, f in self.needs.items() if f != need))
         object.__setattr__(self, "need", need)
         object.__setattr__(self, "exceptions", exceptions)
+
+    def uncached(self, engines: Collection[str]) -> Ask:
+        """This ask with no prefix credit nor cache hit expected on `engines`."""
+        if not engines:
+            return self
+        needs = {n: f.uncached() if n in engines else f for n, f in self.needs.items()}
+        return replace(self, needs=needs)
 
     @property
     def blocks(self) -> int:
@@ -267,13 +278,28 @@ class Scheduler:
         await self.store.dequeue(ask_id)
         await self.store.release(Lease(id=ask_id, engine="", blocks=0, seqs=0))
 
+    def _credit_where_cached(self, ask: Ask) -> Ask:
+        """`ask` without prefix credit on the engines that no longer cache prefixes (a scrape
+        saw one restarted with caching off while the ask waited)."""
+        if not ask.prefixed:
+            return ask
+        return ask.uncached([n for n in ask.prefixed if not self._caches(n)])
+
+    def _caches(self, name: str) -> bool:
+        state = self.pool.get(name)
+        return state is not None and state.spec.prefix_caching
+
     async def _try(self, ask: Ask, *, queued: bool, stage: bool = True) -> Lease | Refusal:
         """One decision, as a grouped ask (`AdmissionAsk.group`): the store is first given
         the views that changed since the last decision and, the first time, the group of
-        the request's engines; it need not read every engine to decide."""
+        the request's engines; it need not read every engine to decide. Prefix credit goes
+        only to engines that cache prefixes as the pool sees them now (the views given
+        first, so the store has made the leases it credited on an engine that stopped
+        caching whole before this decision: `StateStore.set_views`)."""
         changed = self.pool.changed_views()
         if changed:
             await self.store.set_views(changed)
+        ask = self._credit_where_cached(ask)
         now = self.clock()
         named = self._groups.pop(ask.engines, None)
         group = named[0] if named else None

@@ -191,4 +191,5 @@ def _engine(state: EngineState, kv_ceiling: float, now: float) -> dict[str, Any]
         "max_model_len": spec.max_model_len,
         "capacity_blocks": spec.capacity_blocks(kv_ceiling),
         "sources": state.sources,
+        "prefix_caching": spec.prefix_caching,
     }

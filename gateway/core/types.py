@@ -15,6 +15,10 @@ class EngineSpec:
     `num_gpu_blocks` is vLLM's figure (`vllm:cache_config_info`, summed over `dp_size`
     data-parallel ranks); vLLM keeps one block per rank as the "null block". `max_num_seqs`
     is the engine's total (per-rank value × ranks). `models` are the model ids it serves.
+    `prefix_caching`: the engine shares cached prompt blocks between requests
+    (`vllm:cache_config_info`'s `enable_prefix_caching`, or configured). False when unknown:
+    a request is credited with blocks other requests hold only where this is True, because
+    an over-credit costs preemptions and an under-credit only throughput.
     """
 
     name: str
@@ -25,6 +29,7 @@ class EngineSpec:
     max_num_seqs: int
     max_model_len: int
     dp_size: int = 1
+    prefix_caching: bool = False
 
     @property
     def usable_blocks(self) -> int:
@@ -184,6 +189,13 @@ class Footprint:
             credit=credit,
             cached=max(self.cached, credit),
         )
+
+    def uncached(self) -> Footprint:
+        """This footprint on an engine that caches no prefix: no credit may be given for its
+        prompt and no cache hit expected (`EngineSpec.prefix_caching` off)."""
+        if not self.prefix and not self.cached:
+            return self
+        return Footprint(self.blocks, self.seqs, self.tokens, self.prompt_blocks)
 
 
 @dataclass(frozen=True, slots=True)

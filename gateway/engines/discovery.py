@@ -85,6 +85,8 @@ async def discover(client: httpx.AsyncClient, base_url: str) -> DiscoveredEngine
         sources["max_model_len"] = SOURCE_MODELS
     if cache is not None:
         sources.update(dict.fromkeys(("num_gpu_blocks", "block_size", "dp_size"), SOURCE_METRICS))
+        if cache.enable_prefix_caching is not None:
+            sources["prefix_caching"] = SOURCE_METRICS
     return DiscoveredEngine(
         base_url=base,
         models=models,
@@ -230,3 +232,22 @@ def resolve_engine_limits(
             where = "the engine does not report it" if discovered else "no engine was discovered"
             raise DiscoveryError(url, f"{key} is not configured and {where}")
     return values, sources
+
+
+PREFIX_CACHING_UNKNOWN = (
+    "default:unknown, counted as off (no enable_prefix_caching in vllm:cache_config_info)"
+)
+
+
+def resolve_prefix_caching(
+    configured: bool | None, discovered: DiscoveredEngine | None
+) -> tuple[bool, str]:
+    """Whether the engine shares cached prompt blocks, and where that came from: configured,
+    else what its `/metrics` says, else off (an over-credit costs preemptions, an
+    under-credit only throughput)."""
+    if configured is not None:
+        return configured, SOURCE_CONFIG
+    found = discovered.cache.enable_prefix_caching if discovered and discovered.cache else None
+    if found is not None:
+        return found, SOURCE_METRICS
+    return False, PREFIX_CACHING_UNKNOWN

@@ -152,11 +152,15 @@ class EngineMonitor:
         if page is not None:
             self.pool.started(name, page.started)
         if page is not None and page.cache is not None:
-            geometry = {
+            geometry: dict[str, object] = {
                 "num_gpu_blocks": page.cache.num_gpu_blocks,
                 "block_size": page.cache.block_size,
                 "dp_size": page.cache.dp_size,
             }
+            if page.cache.enable_prefix_caching is not None:
+                # Restarted with another flag: credit follows from now on (the stores make
+                # the leases credited there whole: StateStore.set_views).
+                geometry["prefix_caching"] = page.cache.enable_prefix_caching
             configured = _configured(state)
             self.pool.update_spec(
                 name,

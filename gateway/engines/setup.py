@@ -18,6 +18,7 @@ from gateway.engines.discovery import (
     DiscoveryError,
     discover,
     resolve_engine_limits,
+    resolve_prefix_caching,
 )
 
 log = logging.getLogger(__name__)
@@ -47,6 +48,7 @@ async def resolve_engine(e: EngineConfig, client: httpx.AsyncClient) -> tuple[En
         models, sources["models"] = frozenset(discovered.model_ids), "discovered:/v1/models"
     if not models:
         raise DiscoveryError(e.url, "the engine serves no model")
+    prefix_caching, sources["prefix_caching"] = resolve_prefix_caching(e.prefix_caching, discovered)
     spec = EngineSpec(
         name=e.display_name,
         url=e.url,
@@ -57,9 +59,17 @@ async def resolve_engine(e: EngineConfig, client: httpx.AsyncClient) -> tuple[En
         max_num_seqs=values["max_num_seqs"] * values["dp_size"],
         max_model_len=values["max_model_len"],
         dp_size=values["dp_size"],
+        prefix_caching=prefix_caching,
     )
-    for key in ("models", "num_gpu_blocks", "block_size", "max_num_seqs", "max_model_len"):
-        value = sorted(models) if key == "models" else values[key]
+    for key in (
+        "models",
+        "num_gpu_blocks",
+        "block_size",
+        "max_num_seqs",
+        "max_model_len",
+        "prefix_caching",
+    ):
+        value = sorted(models) if key == "models" else values.get(key, getattr(spec, key))
         log.info("engine %s: %s = %s (%s)", spec.name, key, value, sources[key])
     return spec, sources
 

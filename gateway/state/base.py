@@ -167,7 +167,10 @@ class StateStore(Protocol):
     async def set_views(self, views: Sequence[EngineView]) -> None:
         """The engines' views as the caller sees them now (for grouped asks; their `load`
         is ignored: the store has its own). Only the engines whose view changed need be
-        given."""
+        given. A view of an engine that no longer caches prefixes (`EngineSpec.
+        prefix_caching`, True in the view given before) makes the leases this store holds
+        credited there whole: each is extended by its credit, once, before the call
+        returns (the caller gives prefixes only for engines that cache)."""
         ...
 
     async def set_group(self, group: str, engines: frozenset[str], kv_ceiling: float) -> None:

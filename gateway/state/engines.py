@@ -46,6 +46,17 @@ class EngineBook:
         self.views: dict[str, EngineView] = {}
         self.groups: dict[str, Group] = {}
 
+    def stopped_caching(self, views: Iterable[EngineView]) -> list[str]:
+        """The engines of `views` that no longer cache prefixes though their kept view did
+        (restarted with caching off): a lease credited there holds blocks the engine does not
+        share, so the store makes it whole before it decides on them again."""
+        gone = []
+        for view in views:
+            kept = self.views.get(view.spec.name)
+            if kept is not None and kept.spec.prefix_caching and not view.spec.prefix_caching:
+                gone.append(view.spec.name)
+        return gone
+
     def set_views(self, views: Iterable[EngineView]) -> list[str]:
         """Keep these views (their load ignored); returns the engines whose view changed."""
         changed = []

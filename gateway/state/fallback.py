@@ -74,6 +74,7 @@ class FailOpenLocal:
             return result
 
     async def set_views(self, views: Sequence[EngineView]) -> None:
+        await self.local.set_views(views)  # its leases of an outage are made whole there too
         await self.shared.set_views(views)
 
     async def set_group(self, group: str, engines: frozenset[str], kv_ceiling: float) -> None:

@@ -147,6 +147,7 @@ class InMemoryStore:
         self._tenants: dict[str, TenantUsage] = {}
         self._line = FairQueue(burst_blocks)
         self._holds = PrefixHolds()  # prefix blocks the leases hold, per engine
+        self._whole: set[str] = set()  # credited leases made whole (`_make_whole`)
         self._changed = asyncio.Event()
         self._behind = BehindWaiters()  # `wait_behind` callers (this store's calls report)
         self._engines = OrderedEngines(lambda name: self._loads.get(name, _NO_LOAD))
@@ -407,7 +408,18 @@ class InMemoryStore:
         return lease
 
     async def set_views(self, views: Sequence[EngineView]) -> None:
+        for engine in self._engines.stopped_caching(views):
+            await self._make_whole(engine)
         self._engines.set_views(views)
+
+    async def _make_whole(self, engine: str) -> None:
+        """The engine stopped caching prefixes: every lease credited there is extended by
+        its credit (the blocks it counted as another lease's are its own now), once."""
+        for held in list(self._held.values()):
+            lease = held.lease
+            if lease.engine == engine and lease.credit and lease.id not in self._whole:
+                self._whole.add(lease.id)
+                await self.extend(lease, lease.credit)
 
     async def set_group(self, group: str, engines: frozenset[str], kv_ceiling: float) -> None:
         self._engines.set_group(group, engines, kv_ceiling)
@@ -419,6 +431,7 @@ class InMemoryStore:
         held = self._held.pop(lease.id, None)
         if held is None:
             return False
+        self._whole.discard(lease.id)
         got = held.lease
         freed = self._holds.drop(got.engine, got.prefix)
         self._add(

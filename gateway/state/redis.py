@@ -243,6 +243,7 @@ class RedisStore:
         # again by the renewal if Redis lost it (see renew.lua).
         self._held: dict[str, dict[str, Any]] = {}
         self._queued: set[str] = set()  # this replica's waiters' entries, renewed like leases
+        self._whole: set[str] = set()  # credited leases made whole (`_make_whole`)
         self._pending_release: dict[str, int | None] = {}  # to retry once Redis is back
         self._pending_dequeue: set[str] = set()
         # Held by a renewal round: a lease released while its renewal is on the way is written
@@ -325,8 +326,20 @@ class RedisStore:
         return lease
 
     async def set_views(self, views: Sequence[EngineView]) -> None:
+        for engine in self.engines.stopped_caching(views):
+            await self._make_whole(engine)
         changed = self.engines.set_views(views)
         await self._push(self._views_call(name for name in changed if name in self._in_order))
+
+    async def _make_whole(self, engine: str) -> None:
+        """The engine stopped caching prefixes: this replica's leases credited there are
+        extended by their credit (the blocks they counted as another lease's are their own
+        now), once. Every replica does so for its own when it sees the change."""
+        for lease_id, record in list(self._held.items()):
+            credit = int(record.get("c", 0))
+            if record["e"] == engine and credit and lease_id not in self._whole:
+                self._whole.add(lease_id)
+                await self.extend(Lease(lease_id, engine, int(record["b"]), 0), credit)
 
     async def set_group(self, group: str, engines: frozenset[str], kv_ceiling: float) -> None:
         made = self.engines.set_group(group, engines, kv_ceiling)
@@ -379,6 +392,7 @@ class RedisStore:
         """Never raises for a lost Redis: the release is retried in the background (and the
         lease, no longer renewed, expires within `lease_ttl_s` in any case)."""
         held = self._held.pop(lease.id, None)
+        self._whole.discard(lease.id)
         # A renewal round on its way may have read the lease as held: Redis must not let
         # it write the lease again (release.lua).
         racing = "1" if self._renewing.locked() else ""

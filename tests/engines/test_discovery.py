@@ -107,7 +107,9 @@ async def test_discovers_the_real_capture() -> None:
         "num_gpu_blocks": "discovered:/metrics",
         "block_size": "discovered:/metrics",
         "dp_size": "discovered:/metrics",
+        "prefix_caching": "discovered:/metrics",
     }
+    assert engine.cache.enable_prefix_caching is True  # the capture's engine caches
 
 
 async def test_trailing_slash_in_base_url() -> None:

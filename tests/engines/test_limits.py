@@ -2,19 +2,22 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 
 import pytest
 
 from gateway.engines.discovery import (
     LIMIT_KEYS,
+    PREFIX_CACHING_UNKNOWN,
     DiscoveredEngine,
     DiscoveredModel,
     DiscoveryError,
     default_max_num_seqs,
     resolve_engine_limits,
+    resolve_prefix_caching,
 )
+from gateway.engines.metrics import CacheConfig
 
 MODELS = "discovered:/v1/models"
 METRICS = "discovered:/metrics"
@@ -201,3 +204,22 @@ def test_error_names_the_engine(platform: str) -> None:
 )
 def test_default_max_num_seqs(platform: str, batched: int | None, seqs: int) -> None:
     assert default_max_num_seqs(platform, batched)[0] == seqs
+
+
+@pytest.mark.parametrize(
+    ("configured", "label", "expected"),
+    [
+        (None, True, (True, "discovered:/metrics")),
+        (None, False, (False, "discovered:/metrics")),
+        (None, None, (False, PREFIX_CACHING_UNKNOWN)),  # unknown counts as off
+        (False, True, (False, "config")),
+        (True, None, (True, "config")),
+    ],
+)
+def test_prefix_caching_is_configured_else_read_from_the_page_else_off(
+    configured: bool | None, label: bool | None, expected: tuple[bool, str]
+) -> None:
+    cache = CacheConfig(block_size=16, num_gpu_blocks=100, enable_prefix_caching=label)
+    found = replace(engine(), cache=cache)
+    assert resolve_prefix_caching(configured, found) == expected
+    assert resolve_prefix_caching(configured, None)[0] is (configured is True)

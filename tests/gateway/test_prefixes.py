@@ -1,6 +1,8 @@
 """The footprints' prefixes: hashed as vLLM shares blocks, capped as vLLM reads them, and what
 each engine is expected to cache, forgotten when the engine starts a new epoch."""
 
+from dataclasses import replace
+
 import pytest
 
 from gateway.core.kv_events import BlockStored, EventBatch
@@ -10,8 +12,9 @@ from gateway.engines.pool import EnginePool
 from gateway.prefixes import PrefixCache
 
 SPECS = [
-    EngineSpec("a", "http://a", frozenset({"m"}), 101, 16, 8, 2048),
-    EngineSpec("b", "http://b", frozenset({"m"}), 101, 32, 8, 2048),  # another block size
+    EngineSpec("a", "http://a", frozenset({"m"}), 101, 16, 8, 2048, prefix_caching=True),
+    # another block size
+    EngineSpec("b", "http://b", frozenset({"m"}), 101, 32, 8, 2048, prefix_caching=True),
 ]
 NEEDS = {"a": Footprint(10, 1, 160, 4), "b": Footprint(5, 1, 160, 2)}
 IDS = list(range(64))  # 4 full blocks of 16, 2 of 32
@@ -30,6 +33,18 @@ def test_prefixes_are_capped_where_vllm_stops_reading_and_hashed_per_block_size(
     assert len(got.blocks["a"]) == 4 and len(got.blocks["b"]) == 2  # what the engine caches
     assert got.needs["a"].blocks == 10 and got.needs["a"].cached == 0  # nothing known yet
     assert got.needs["a"].prefix == tuple(block_hashes(IDS, 16, b"m\0"))[:3]
+
+
+def test_an_engine_that_does_not_cache_gets_no_prefix_no_hit_and_no_index_entry() -> None:
+    pool = EnginePool([SPECS[0], replace(SPECS[1], prefix_caching=False)])
+    prefixes = PrefixCache(pool, credit=True, index=PrefixIndex())
+    first = prefixes.footprints(NEEDS, IDS, model="m", salt=b"")
+    for name in ("a", "b"):
+        prefixes.sent(name, first.blocks.get(name, ()))
+    got = prefixes.footprints(NEEDS, IDS, model="m", salt=b"")
+    assert got.needs["a"].prefix and got.needs["a"].cached == 3  # "a" caches
+    assert got.needs["b"] == NEEDS["b"] and "b" not in got.blocks  # "b" shares nothing
+    assert prefixes.status("b") == {"blocks": 0, "kv_events": None}
 
 
 def test_no_prefix_without_ids_or_with_a_request_that_reads_no_cache() -> None:

@@ -12,13 +12,15 @@ import asyncio
 import random
 import time
 from collections.abc import Callable
+from dataclasses import replace
 
 import pytest
 
 from gateway.core.ledger import Foreign
+from gateway.core.prefix import block_hashes
 from gateway.core.retry import ReleaseRate
 from gateway.core.routing import Router
-from gateway.core.types import EngineSpec, Footprint
+from gateway.core.types import EngineLoad, EngineSpec, Footprint
 from gateway.engines.pool import EnginePool
 from gateway.errors import RateLimited
 from gateway.scheduler import Ask, Scheduler
@@ -337,3 +339,31 @@ async def test_an_engine_set_no_ask_used_for_group_idle_s_is_dropped_from_the_st
     lease = await store.try_admit(AdmissionAsk("probe", group=both, need=need))
     assert isinstance(lease, Lease)
     await store.release(lease)
+
+
+@pytest.mark.parametrize("caching", [True, False])
+async def test_prefix_credit_goes_only_to_an_engine_that_caches_as_seen_at_each_decision(
+    caching: bool,
+) -> None:
+    """An ask built while its engine cached prefixes (a request waiting when a scrape saw
+    the engine restarted with caching off) is credited only if the engine still caches at
+    the decision; the lease credited before is made whole first (issue 37)."""
+    pool = EnginePool([replace(ENGINE, prefix_caching=True)])  # 10 usable blocks
+    store = InMemoryStore(Router(), random.Random(0))
+    sched = scheduler(store, pool=pool, max_wait_s=0.3)
+    prefix = tuple(block_hashes(list(range(64)), 16))  # 4 blocks
+    first = await sched.admit(Ask("first", {"e": Footprint(6, 1, 96, 6, prefix)}))
+    second = Ask("second", {"e": Footprint(7, 1, 112, 7, prefix)})
+    if caching:
+        lease = await sched.admit(second)  # 3 more blocks with the credit of 4: fits
+        assert (lease.blocks, lease.credit) == (3, 4)
+        assert (await store.loads())["e"].reserved_blocks == 9
+        await sched.release(lease)
+    else:
+        pool.update_spec("e", "discovered:/metrics", prefix_caching=False)
+        with pytest.raises(RateLimited) as refused:  # 7 on 4 free: it waits, then times out
+            await sched.admit(second)
+        assert refused.value.code == "queue_timeout"
+        assert (await store.loads())["e"].reserved_blocks == 6  # the second never got in
+    await sched.release(first)
+    assert (await store.loads()).get("e") in (None, EngineLoad())

@@ -228,3 +228,33 @@ async def fields(key: str, name: str) -> dict:
         return await client.hgetall(f"{{{key}}}:{name}")
     finally:
         await client.aclose()
+
+
+async def test_leases_credited_on_an_engine_that_stops_caching_are_made_whole_once(store):
+    """An engine seen restarted with prefix caching off (issue 37): the blocks its credited
+    leases counted as another lease's are theirs alone there now, so the store counts them
+    again when it is given the view, before it decides on that engine; once per lease, and
+    only on that engine."""
+    a = replace(spec("a", blocks=101, seqs=10), prefix_caching=True)
+    b = replace(spec("b", blocks=101, seqs=10), prefix_caching=True)
+    await store.set_views([EngineView(a, EngineLoad()), EngineView(b, EngineLoad())])
+    p = chain(1, 2, 3, 4)
+    first = await store.try_admit(prefixed((a, need(6, p))))
+    second = await store.try_admit(prefixed((a, need(7, p))))
+    on_b = [await store.try_admit(prefixed((b, need(5, p)))) for _ in range(2)]
+    assert isinstance(second, Lease) and second.credit == 4, second
+    assert (await blocks_on(store, "a")).reserved_blocks == 6 + 3
+    assert (await blocks_on(store, "b")).reserved_blocks == 5 + 1
+    off = replace(a, prefix_caching=False)
+    await store.set_views([EngineView(off, EngineLoad())])
+    assert (await blocks_on(store, "a")).reserved_blocks == 6 + 7  # made whole
+    assert (await blocks_on(store, "b")).reserved_blocks == 5 + 1  # still caches
+    # Caching on and off again (another restart): nothing is counted twice.
+    await store.set_views([EngineView(a, EngineLoad())])
+    await store.set_views([EngineView(off, EngineLoad())])
+    assert (await blocks_on(store, "a")).reserved_blocks == 6 + 7
+    assert await store.release(second)
+    assert (await blocks_on(store, "a")).reserved_blocks == 6
+    for lease in (first, *on_b):
+        assert await store.release(lease)
+    assert await blocks_on(store, "a") == EngineLoad()
