@@ -3,7 +3,7 @@
     .venv/bin/python benchmarks/bench_slowloris.py [--connections 1000] [--body-connections 200]
                                                   [--header-timeout-s 10] [--body-timeout-s 60]
                                                   [--max-connections 1000] [--per-address N]
-                                                  [--hold-s 25] [--no-limits]
+                                                  [--hold-s 25] [--head-kib 0] [--no-limits]
 
 Starts, on 127.0.0.1, a simulated engine and `kv-gateway serve` (its listener with the
 configured `clients:` limits), then, from this process:
@@ -12,6 +12,9 @@ configured `clients:` limits), then, from this process:
    then one more header byte every second (the classic slowloris), for `--hold-s` seconds;
 2. **slow bodies**: opens `--body-connections` connections that send complete headers
    (`content-length: 100000`) and then one body byte a second.
+
+`--head-kib N` adds about N KiB of headers (15 KiB each, within the default per-header limit)
+to what every attacker sends first: the most a request head may hold is `max_head_bytes`.
 
 The attackers connect from 127.0.0.1; meanwhile a legitimate client, from 127.0.0.2 (another
 client address, for `--per-address`), sends one small completion every 0.5 s, each on a new
@@ -165,6 +168,16 @@ async def phase(
         print(f"  legitimate requests: none ok, {failures} failed")
 
 
+def padding(size: int) -> bytes:
+    """Header lines of about `size` bytes in all, at most 15 KiB each."""
+    lines, i = [], 0
+    while size > 0:
+        part = min(size, 15 * 1024)
+        lines.append(b"x-pad-%d: " % i + b"p" * part + b"\r\n")
+        size, i = size - part, i + 1
+    return b"".join(lines)
+
+
 async def main(args: argparse.Namespace) -> None:
     workdir = Path(tempfile.mkdtemp(prefix="kvgw-slowloris-"))
     engine = SimProcess(workdir=workdir, decode_ms_base=1.0, max_model_len=512).start()
@@ -183,7 +196,7 @@ async def main(args: argparse.Namespace) -> None:
     gateway = GatewayProcess(config, workdir, env=os.environ).start()
     print(f"gateway clients: {'(no limits)' if args.no_limits else clients}")
     try:
-        head = b"POST /v1/completions HTTP/1.1\r\nhost: gw\r\n"
+        head = b"POST /v1/completions HTTP/1.1\r\nhost: gw\r\n" + padding(args.head_kib * 1024)
         await phase("slow headers", gateway, args.connections, head, b"x", args.hold_s)
         body_head = head + b"content-type: application/json\r\ncontent-length: 100000\r\n\r\n{"
         await phase("slow bodies", gateway, args.body_connections, body_head, b" ", args.hold_s)
@@ -201,5 +214,6 @@ if __name__ == "__main__":
     parser.add_argument("--max-connections", type=int, default=1000)
     parser.add_argument("--per-address", type=int, default=None)
     parser.add_argument("--hold-s", type=float, default=25.0)
+    parser.add_argument("--head-kib", type=int, default=0)
     parser.add_argument("--no-limits", action="store_true")
     asyncio.run(main(parser.parse_args()))

@@ -314,6 +314,23 @@ class ClientsConfig(_Strict):
     # The same from one client address; null = no such cap (behind a load balancer every
     # client has the balancer's address).
     max_connections_per_address: PositiveInt | None = None
+    # A request's head (request line and headers, as sent) is read only up to this many
+    # bytes: a longer one is answered 431 before more of it is buffered. It bounds what a
+    # connection that has not yet shown an API key can make the gateway hold.
+    max_head_bytes: int = Field(default=64 * 1024, ge=1024)
+    # One header, name and value: longer is a 431.
+    max_header_bytes: int = Field(default=16 * 1024, ge=256)
+    # Headers in one request: more is a 431.
+    max_headers: int = Field(default=100, ge=8)
+    # The request target (path and query string): longer is a 414.
+    max_url_bytes: int = Field(default=8 * 1024, ge=256)
+
+    @model_validator(mode="after")
+    def _parts_fit_the_head(self) -> ClientsConfig:
+        for name in ("max_header_bytes", "max_url_bytes"):
+            if getattr(self, name) > self.max_head_bytes:
+                raise ValueError(f"clients.{name} cannot exceed clients.max_head_bytes")
+        return self
 
 
 DIGEST_PREFIX = "sha256:"

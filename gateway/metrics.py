@@ -183,8 +183,9 @@ class GatewayMetrics:
         self.client_cutoffs = Counter(
             "kv_gateway_client_cutoffs",
             "Client connections the listener ended: too slow to send the request headers "
-            "(header_timeout) or body (body_timeout), or over a connection cap "
-            "(too_many_connections).",
+            "(header_timeout) or body (body_timeout), over a connection cap "
+            "(too_many_connections), or a request head over its limits "
+            "(request_header_fields_too_large, uri_too_long).",
             ["reason"],
             registry=self.registry,
         )

@@ -22,7 +22,8 @@ from dataclasses import dataclass
 from starlette.types import Receive, Scope, Send
 
 from gateway.auth import Authenticator
-from gateway.errors import GatewayError, PayloadTooLarge, RateLimited
+from gateway.core.types import TenantPolicy
+from gateway.errors import GatewayError, PayloadTooLarge, RateLimited, Unauthorized
 from gateway.exchange import Exchange, Exchanges
 from gateway.http.errors import (
     NO_NAMES,
@@ -77,16 +78,24 @@ class CompletionsEndpoint:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         request_id = request_id_of(scope)
+        # The key before the body: a client without a valid one is answered 401 without the
+        # gateway buffering up to `max_body_bytes` of what it sends.
+        tenant: TenantPolicy | Unauthorized
         try:
-            body = await _read_body(receive, self.limits.max_bytes)
+            tenant = self.auth.tenant(_header(scope, b"authorization"))
+        except Unauthorized as e:
+            tenant = e
+        body = b""
+        try:
+            if not isinstance(tenant, Unauthorized):
+                body = await _read_body(receive, self.limits.max_bytes)
         except _ClientGone:
             return
         except GatewayError as e:
             log_error(e, request_id)
             await send_error(send, e, request_id)
             return
-        authorization = _header(scope, b"authorization")
-        work = asyncio.ensure_future(self._serve(body, request_id, authorization, send))
+        work = asyncio.ensure_future(self._serve(body, request_id, tenant, send))
         watcher = asyncio.ensure_future(_until_disconnect(receive))
         try:
             await asyncio.wait({work, watcher}, return_when=asyncio.FIRST_COMPLETED)
@@ -98,12 +107,14 @@ class CompletionsEndpoint:
                     await task
 
     async def _serve(
-        self, body: bytes, request_id: str, authorization: str | None, send: Send
+        self, body: bytes, request_id: str, tenant: TenantPolicy | Unauthorized, send: Send
     ) -> None:
+        """`tenant`: the key's, or its refusal (answered here, so counted as every answer)."""
         exchange = self.exchanges.start(self.kind, request_id, self.path)
         started = False
         try:
-            tenant = self.auth.tenant(authorization)
+            if isinstance(tenant, Unauthorized):
+                raise tenant
             exchange.identify(tenant)
             inbound = parse_body(body, self.kind, max_depth=self.limits.max_json_depth)
             answer = await exchange.open(tenant, inbound, body)

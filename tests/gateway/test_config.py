@@ -72,6 +72,14 @@ def test_kv_events_is_off_by_default_and_takes_a_publisher_to_connect_to():
             },
             "prefix_cache.index_entries > 0",
         ),
+        (
+            {"engines": [{"url": "http://a"}], "clients": {"max_header_bytes": 100 * 1024}},
+            "clients.max_header_bytes cannot exceed clients.max_head_bytes",
+        ),
+        (
+            {"engines": [{"url": "http://a"}], "clients": {"max_head_bytes": 100}},
+            "clients.max_head_bytes",
+        ),
     ],
 )
 def test_bad_config_names_the_key(data, names):
