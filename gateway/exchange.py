@@ -235,7 +235,7 @@ class Exchange:
         admitted = await desk.service.admit(inbound, tenant)
         self._waited = desk.clock() - self.arrived
         desk.metrics.admission_wait.labels(self.model).observe(self._waited)
-        desk.metrics.tenant_in_flight.labels(tenant.name).inc()
+        desk.metrics.admitted(tenant.name)  # and in flight until `_account`
         self._in_flight = True
         self.lease = admitted.lease
         admitted, response = await self._send_with_failover(admitted, body)

@@ -36,6 +36,11 @@ MULTIPROCESS_DIR = "PROMETHEUS_MULTIPROC_DIR"
 REFUSED_STATUSES = frozenset({429, 503})
 """The gateway's refusals (it will not take the request now), counted per tenant by reason."""
 
+LINE_OUTCOMES = ("admitted", "refused", "abandoned", "failed")
+"""How a stay in the waiting line ends (`kv_gateway_queued_total`'s `outcome`): a reservation
+taken; a refusal (429, 503: `queue_timeout`, a tenant limit, no healthy engine, the store
+unreachable); the client gone; any other error (500)."""
+
 WAIT_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
 
 
@@ -55,6 +60,19 @@ class GatewayMetrics:
             buckets=WAIT_BUCKETS,
             registry=self.registry,
         )
+        self.queued = Counter(
+            "kv_gateway_queued",
+            "Requests that waited in the line, counted as they left it, by outcome: admitted "
+            "(a reservation after waiting), refused (429/503 after waiting: queue_timeout, a "
+            "tenant limit, no healthy engine, the store unreachable), abandoned (the client "
+            "left while waiting), failed (any other error). A request the line refused at "
+            "once (queue_full) never waited; one re-admitted after an engine's refusal that "
+            "waits again counts again.",
+            ["outcome"],
+            registry=self.registry,
+        )
+        # Bound once: leaving the line costs a lookup by a constant string, no label tuple.
+        self._left_line = {outcome: self.queued.labels(outcome) for outcome in LINE_OUTCOMES}
         self.first_byte = Histogram(
             "kv_gateway_first_byte_seconds",
             "Time from arrival to the first byte of the engine's answer sent to the client "
@@ -209,6 +227,15 @@ class GatewayMetrics:
             ["tenant"],
             registry=self.registry,
         )
+        self.tenant_admitted = Counter(
+            "kv_gateway_tenant_admitted",
+            "The tenant's requests admitted (a reservation taken), counted once each at their "
+            "first admission: what its `rpm` limits (a re-admission after an engine's refusal "
+            "or a failover is charged to the bucket again but not counted again).",
+            ["tenant"],
+            registry=self.registry,
+        )
+        self._admitted_by_tenant: dict[str, Counter] = {}
         self.tenant_refusals = Counter(
             "kv_gateway_tenant_refusals",
             "The tenant's requests the gateway refused (429, 503), by reason: the error code "
@@ -230,9 +257,24 @@ class GatewayMetrics:
         needs the series to exist before it grows)."""
         for name in names:
             self.tenant_requests.labels(name)
+            self.tenant_admitted.labels(name)
             self.tenant_prompt_tokens.labels(name)
             self.tenant_completion_tokens.labels(name)
             self.tenant_in_flight.labels(name)
+
+    def left_line(self, outcome: str) -> None:
+        """A request that waited in the line left it, as `outcome` (one of `LINE_OUTCOMES`;
+        the scheduler's `LineTally`)."""
+        self._left_line[outcome].inc()
+
+    def admitted(self, tenant: str) -> None:
+        """One of `tenant`'s requests took its first reservation: counted as admitted, and
+        as in flight (its caller takes it out of `tenant_in_flight` when it ends)."""
+        child = self._admitted_by_tenant.get(tenant)
+        if child is None:  # the tenant's first admission in this process
+            child = self._admitted_by_tenant[tenant] = self.tenant_admitted.labels(tenant)
+        child.inc()
+        self.tenant_in_flight.labels(tenant).inc()
 
     def tenant_ended(
         self,

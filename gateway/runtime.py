@@ -182,6 +182,8 @@ def _assemble(
     store: StateStore,
     shared_pool: SharedPool | None = None,
 ) -> Runtime:
+    metrics = GatewayMetrics()
+    metrics.know_tenants([t.name for t in cfg.tenants] or [DEFAULT_TENANT.name])
     scheduler = Scheduler(
         store=store,
         pool=pool,
@@ -190,6 +192,7 @@ def _assemble(
         max_wait_s=cfg.queue.max_wait_s,
         retry_fallback_s=cfg.admission.retry_fallback_s,
         rate=ReleaseRate(cfg.admission.rate_window_s),
+        tally=metrics,
     )
     counters: dict[str, TokenCounter] = {}
     rules: dict[str, ModelRules] = {}
@@ -271,8 +274,6 @@ def _assemble(
         monitor = SharedMonitor(
             pool, upstream.client, cfg.health, own_loads=own_loads, shared=shared_pool
         )
-    metrics = GatewayMetrics()
-    metrics.know_tenants([t.name for t in cfg.tenants] or [DEFAULT_TENANT.name])
     exchanges = Exchanges(
         service=service, upstream=upstream, ejector=monitor, pool=pool, metrics=metrics
     )

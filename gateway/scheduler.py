@@ -14,12 +14,13 @@ import time
 from collections import Counter
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field, replace
+from typing import Literal, Protocol
 
 from gateway.core.retry import ReleaseRate, RetryAdvice, RetryForecast, Room
 from gateway.core.routing import Candidate
 from gateway.core.types import DEFAULT_TENANT, EngineLoad, EngineView, Footprint, TenantPolicy
 from gateway.engines.pool import EnginePool
-from gateway.errors import NoEngine, RateLimited
+from gateway.errors import GatewayError, NoEngine, RateLimited
 from gateway.state.base import (
     AdmissionAsk,
     Lease,
@@ -127,6 +128,18 @@ class Ask:
         return min(f.seqs for f in self.needs.values())
 
 
+LineOutcome = Literal["admitted", "refused", "abandoned", "failed"]
+"""How a request's stay in the line ended: a lease; a `GatewayError` (429, 503); the client
+gone (cancelled); any other exception."""
+
+
+class LineTally(Protocol):
+    """Told once of each stay in the line as it ends (`GatewayMetrics` counts them). Called
+    on the request's path: must be cheap and must not raise."""
+
+    def left_line(self, outcome: LineOutcome) -> None: ...
+
+
 class Scheduler:
     def __init__(
         self,
@@ -139,6 +152,7 @@ class Scheduler:
         retry_fallback_s: float,
         rate: ReleaseRate,
         clock: Callable[[], float] = time.monotonic,
+        tally: LineTally | None = None,
     ) -> None:
         self.store = store
         self.pool = pool
@@ -149,6 +163,7 @@ class Scheduler:
         self.rate = rate
         self.forecast = RetryForecast(rate, retry_fallback_s)
         self.clock = clock
+        self.tally = tally
         self.waiting: dict[str, float] = {}
         """This process's requests in the line, by ask id: when each began to wait."""
         # Engine sets named in the store: each its group and when an ask last used it, the
@@ -163,6 +178,7 @@ class Scheduler:
         # `leftover`: something of this ask may be in the store (a queue entry, or a lease
         # written by a call the client's departure cut short); handed back unless placed.
         placed = leftover = False
+        left: LineOutcome = "failed"  # if it waited: how it left the line, unless placed
         try:
             first = await self._try(ask, queued=False)
             if isinstance(first, Lease):
@@ -207,11 +223,16 @@ class Scheduler:
                         retry=await self._advice(ask, queued=True),
                     )
                 await self._pause(ask, result, remaining)
+        except GatewayError:
+            left = "refused"
+            raise
         except asyncio.CancelledError:
             leftover = True  # a store call may have been cut short after it took effect
+            left = "abandoned"
             raise
         finally:
-            self.waiting.pop(ask.id, None)
+            if self.waiting.pop(ask.id, None) is not None and self.tally is not None:
+                self.tally.left_line("admitted" if placed else left)
             if leftover and not placed:
                 # Leaving without a lease (timeout, refusal, or the client went away):
                 # dequeue and release by id are idempotent, so hand back whatever there is.

@@ -129,6 +129,7 @@ def _traffic(totals: Totals) -> dict[str, Any]:
     return {
         "requests": _by(totals, "kv_gateway_requests", "outcome"),
         "admitted": int(_sum(totals, "kv_gateway_admission_wait_seconds")),
+        "queued": _by(totals, "kv_gateway_queued", "outcome"),
         "refused": _by(totals, "kv_gateway_tenant_refusals", "reason"),
         "engine_refusals": int(_sum(totals, "kv_gateway_engine_refusals")),
     }
@@ -160,6 +161,7 @@ async def _tenant(store: StateStore, tenant: TenantPolicy, totals: Totals) -> di
         },
         "in_flight": int(_sum(totals, "kv_gateway_tenant_in_flight", tenant=name)),
         "requests": int(_sum(totals, "kv_gateway_tenant_requests", tenant=name)),
+        "admitted": int(_sum(totals, "kv_gateway_tenant_admitted", tenant=name)),
         "prompt_tokens": int(_sum(totals, "kv_gateway_tenant_prompt_tokens", tenant=name)),
         "completion_tokens": int(_sum(totals, "kv_gateway_tenant_completion_tokens", tenant=name)),
         "refusals": _by(totals, "kv_gateway_tenant_refusals", "reason", tenant=name),

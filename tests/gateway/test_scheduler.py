@@ -23,7 +23,7 @@ from gateway.core.routing import Router
 from gateway.core.types import EngineLoad, EngineSpec, Footprint
 from gateway.engines.pool import EnginePool
 from gateway.errors import RateLimited
-from gateway.scheduler import Ask, Scheduler
+from gateway.scheduler import Ask, LineOutcome, Scheduler
 from gateway.state.base import AdmissionAsk, Lease, QueueEntry, QueueVerdict, Refusal
 from gateway.state.errors import StateUnavailable
 from gateway.state.memory import InMemoryStore
@@ -71,6 +71,7 @@ def scheduler(
     max_wait_s: float = 5.0,
     retry_fallback_s: float = 1.0,
     clock: Callable[[], float] = time.monotonic,
+    tally: Tally | None = None,
 ) -> Scheduler:
     return Scheduler(
         store=store,
@@ -81,7 +82,26 @@ def scheduler(
         retry_fallback_s=retry_fallback_s,
         rate=ReleaseRate(10.0),
         clock=clock,
+        tally=tally,
     )
+
+
+class Tally:
+    """A `LineTally` that keeps what it is told."""
+
+    def __init__(self) -> None:
+        self.told: list[LineOutcome] = []
+
+    def left_line(self, outcome: LineOutcome) -> None:
+        self.told.append(outcome)
+
+
+async def until_waiting(sched: Scheduler, n: int = 1) -> None:
+    for _ in range(500):
+        if len(sched.waiting) >= n:
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("no request came to wait in the line")
 
 
 def ask(blocks: int) -> Ask:
@@ -339,6 +359,56 @@ async def test_an_engine_set_no_ask_used_for_group_idle_s_is_dropped_from_the_st
     lease = await store.try_admit(AdmissionAsk("probe", group=both, need=need))
     assert isinstance(lease, Lease)
     await store.release(lease)
+
+
+async def test_each_stay_in_the_line_is_told_once_as_it_ends_by_how_it_ended() -> None:
+    """Admitted at once or refused at once (the line full): never waited, nothing told.
+    Waited, then: refused (queue_timeout; a refusal of the store's), abandoned (the client
+    left), failed (any other error), admitted (capacity freed)."""
+
+    class Failing(InMemoryStore):
+        fail: Exception | None = None
+
+        async def try_admit(self, ask_: AdmissionAsk) -> Lease | Refusal:
+            if ask_.queued and self.fail is not None:
+                raise self.fail
+            return await super().try_admit(ask_)
+
+    store = Failing(Router(), random.Random(0))
+    tally = Tally()
+    sched = scheduler(store, max_length=0, max_wait_s=0.2, tally=tally)
+    held = await sched.admit(ask(8))
+    with pytest.raises(RateLimited) as full:
+        await sched.admit(ask(8))
+    assert full.value.code == "queue_full" and tally.told == []
+    sched.max_length = 10
+    with pytest.raises(RateLimited) as timed_out:
+        await sched.admit(ask(8))
+    assert timed_out.value.code == "queue_timeout"
+    assert tally.told == ["refused"]
+    sched.max_wait_s = 600.0
+    store.fail = StateUnavailable("redis is gone")
+    with pytest.raises(StateUnavailable):
+        await sched.admit(ask(8))
+    store.fail = RuntimeError("a bug")
+    with pytest.raises(RuntimeError):
+        await sched.admit(ask(8))
+    store.fail = None
+    assert tally.told == ["refused", "refused", "failed"]
+    gone = asyncio.ensure_future(sched.admit(ask(8)))
+    await until_waiting(sched)
+    gone.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await gone
+    assert tally.told[3:] == ["abandoned"]
+    waiter = asyncio.ensure_future(sched.admit(ask(8)))
+    await until_waiting(sched)
+    await sched.release(held)
+    lease = await asyncio.wait_for(waiter, 2.0)
+    assert tally.told == ["refused", "refused", "failed", "abandoned", "admitted"]
+    assert sched.waiting == {} and await store.queue_length() == 0
+    await sched.release(lease)
+    assert await store.loads() == {}
 
 
 @pytest.mark.parametrize("caching", [True, False])

@@ -118,8 +118,19 @@ async def test_per_tenant_usage_matches_the_answers_on_metrics_and_status():
             assert prompt[label] == used(rs, "prompt_tokens")
             assert completion[label] == used(rs, "completion_tokens")
         assert completion[frozenset({("tenant", "a")})] == 21  # 3 × max_tokens 7 (ignore_eos)
+        # Admitted: what rpm bounds (b's third request was refused, not admitted).
+        admitted = samples(page, "kv_gateway_tenant_admitted_total")
+        assert admitted == {
+            frozenset({("tenant", "a")}): 3.0,
+            frozenset({("tenant", "b")}): 2.0,
+        }
         refusals = samples(page, "kv_gateway_tenant_refusals_total")
         assert refusals == {frozenset({("tenant", "b"), ("reason", "tenant_rpm")}): 1.0}
+        # Nobody waited in the line: every outcome's series is there, at 0.
+        queued = samples(page, "kv_gateway_queued_total")
+        assert queued == {
+            frozenset({("outcome", o)}): 0.0 for o in ("admitted", "refused", "abandoned", "failed")
+        }
         assert "mallory" not in page
         in_flight = samples(page, "kv_gateway_tenant_in_flight")
         assert set(in_flight.values()) == {0.0}  # every request ended: back to exactly zero
@@ -130,6 +141,7 @@ async def test_per_tenant_usage_matches_the_answers_on_metrics_and_status():
         assert status["generated_at"] >= before["generated_at"]
         a, b = status["tenants"]
         assert (a["requests"], b["requests"]) == (3, 3)
+        assert (a["admitted"], b["admitted"]) == (3, 2)
         assert a["completion_tokens"] == 21 and a["prompt_tokens"] == used(
             answers[:3], "prompt_tokens"
         )
@@ -141,6 +153,7 @@ async def test_per_tenant_usage_matches_the_answers_on_metrics_and_status():
         assert a["in_flight"] == b["in_flight"] == 0
         assert status["traffic"]["refused"] == {"tenant_rpm": 1}
         assert status["traffic"]["admitted"] == 5
+        assert status["traffic"]["queued"] == {}
         assert status["traffic"]["requests"] == {"200": 5, "invalid_api_key": 1, "tenant_rpm": 1}
         assert status["process"] == {"pid": status["process"]["pid"], "worker": None, "workers": 1}
         assert status["queue"] == {"length": 0, "oldest_wait_s": None}
@@ -176,6 +189,46 @@ async def test_refusals_by_the_line_count_for_the_tenant_and_the_wait_shows():
         validate(status)
         assert status["tenants"][0]["refusals"] == {"queue_full": 1}
         assert status["tenants"][0]["requests"] == 3
+        assert status["tenants"][0]["admitted"] == 2
+        # The second waited and was admitted; the third, refused at once, never waited.
+        assert status["traffic"]["queued"] == {"admitted": 1}
+        page = (await http.get(gw.url + "/metrics", headers=ADMIN_HEADERS)).text
+        queued = samples(page, "kv_gateway_queued_total")
+        assert queued[frozenset({("outcome", "admitted")})] == 1.0
+        assert sum(queued.values()) == 1.0
+
+
+async def test_the_line_counts_who_waited_by_how_they_left():
+    """A request that waits out `max_wait_s` is counted as queued and refused; one whose
+    client leaves while it waits, as queued and abandoned."""
+    short = {"max_length": 8, "max_wait_s": 0.5}
+    engine = dataclasses.replace(ENGINE, num_gpu_blocks=33, decode_ms_base=8.0)
+    async with (
+        gateway_over([engine], tenants=[tenant("a")], queue=short) as gw,
+        httpx.AsyncClient(timeout=30) as http,
+    ):
+        # 32 usable blocks, 19 a request: while the first runs (300 tokens, 8 ms each), the
+        # others wait.
+        first = asyncio.ensure_future(call(http, gw.url, "a", 300))
+        await asyncio.sleep(0.2)
+        async with httpx.AsyncClient(timeout=0.2) as impatient:
+            with pytest.raises(httpx.ReadTimeout):
+                await call(impatient, gw.url, "a", 300)
+        timed_out = await call(http, gw.url, "a", 300)
+        assert timed_out.status_code == 429
+        assert timed_out.json()["error"]["code"] == "queue_timeout"
+        assert (await first).status_code == 200
+        status = None
+        for _ in range(100):  # the impatient client's departure reaches the gateway
+            status = (await http.get(gw.url + "/admin/status", headers=ADMIN_HEADERS)).json()
+            if status["traffic"]["queued"].get("abandoned"):
+                break
+            await asyncio.sleep(0.02)
+        assert status is not None
+        validate(status)
+        assert status["traffic"]["queued"] == {"refused": 1, "abandoned": 1}
+        assert status["tenants"][0]["admitted"] == 1
+        assert status["tenants"][0]["refusals"] == {"queue_timeout": 1}
 
 
 @pytest.mark.parametrize("tenants", [[], [tenant("a")]])
@@ -235,6 +288,7 @@ async def test_under_two_workers_every_scrape_and_status_sums_both_workers(tmp_p
             answered_by.add(status["process"]["worker"])
             a, b = status["tenants"]
             assert (a["requests"], b["requests"]) == (24, 5)
+            assert (a["admitted"], b["admitted"]) == (24, 3)
             assert a["completion_tokens"] == 72 and b["refusals"] == {"tenant_rpm": 2}
             assert a["in_flight"] == b["in_flight"] == 0
             assert status["traffic"]["refused"] == {"tenant_rpm": 2}

@@ -7,6 +7,12 @@ const POLL_MS = 2000;
 const HISTORY_S = 300; // the sparklines' span
 const KEY = "kv-gateway-admin-key";
 const SVG = "http://www.w3.org/2000/svg";
+// A header carries bytes: a key with a character outside printable ASCII cannot go as typed
+// (fetch throws on most, sends Latin-1 where other clients send UTF-8). The page refuses it
+// itself, in the words the gateway uses for a wrong admin key, and sends nothing.
+const SENDABLE_KEY = /^[\x20-\x7e]*$/;
+const WRONG_KEY = "401: Incorrect admin key provided.";
+const LINE_OUTCOMES = ["admitted", "refused", "abandoned", "failed"]; // traffic.queued's keys
 
 const history = []; // {t, doc}, oldest first, at most HISTORY_S old
 let timer = null;
@@ -76,13 +82,23 @@ function rates(read) {
   return out;
 }
 
-// A rate over the last `span_s` seconds (first and last snapshot within it).
-function rateOver(read, span_s) {
+// How much a cumulative figure grew over the last `span_s` seconds (first and last snapshot
+// within it), and the seconds that covers: {count, span}; null before two snapshots.
+function growthOver(read, span_s) {
   if (history.length < 2) return null;
   const last = history[history.length - 1].doc;
   const first = history.find((h) => last.generated_at - h.doc.generated_at <= span_s).doc;
-  const dt = last.generated_at - first.generated_at;
-  return dt > 0 ? Math.max(0, read(last) - read(first)) / dt : null;
+  return { count: Math.max(0, read(last) - read(first)), span: last.generated_at - first.generated_at };
+}
+
+// A rate over the last `span_s` seconds.
+function rateOver(read, span_s) {
+  const g = growthOver(read, span_s);
+  return g !== null && g.span > 0 ? g.count / g.span : null;
+}
+
+function queuedOf(doc) {
+  return Object.values(doc.traffic.queued || {}).reduce((a, b) => a + b, 0);
 }
 
 function tenantOf(doc, name) { return doc.tenants.find((t) => t.name === name) || {}; }
@@ -129,6 +145,18 @@ function drawTraffic(doc) {
   const admitted = rates((d) => d.traffic.admitted);
   $("admitted-rate").textContent = admitted.length ? fmt(admitted[admitted.length - 1][1], 1) : "–";
   $("spark-admitted").replaceChildren(sparkline(admitted));
+  // Requests that waited in the line, as they left it: the total, then by outcome.
+  const queued = rates(queuedOf);
+  $("queued-rate").textContent = queued.length ? fmt(queued[queued.length - 1][1], 1) : "–";
+  $("queued-total").textContent = fmt(queuedOf(doc), 0);
+  $("spark-queued").replaceChildren(sparkline(queued));
+  $("queued-outcomes").textContent = LINE_OUTCOMES
+    .filter((o) => o !== "failed" || (doc.traffic.queued || {}).failed)
+    .map((o) => {
+      const series = rates((d) => (d.traffic.queued || {})[o] || 0);
+      return `${o} ${fmt(series.length ? series[series.length - 1][1] : null, 1)}/s`;
+    })
+    .join(" · ");
   const reasons = new Set();
   for (const h of history) Object.keys(h.doc.traffic.refused).forEach((r) => reasons.add(r));
   const box = $("refused");
@@ -149,15 +177,18 @@ function drawTenants(doc) {
   body.replaceChildren();
   for (const t of doc.tenants) {
     const tokens = (d) => { const x = tenantOf(d, t.name); return (x.prompt_tokens || 0) + (x.completion_tokens || 0); };
-    const requests = (d) => tenantOf(d, t.name).requests || 0;
-    const tpm = rateOver(tokens, 60), rpm = rateOver(requests, 60);
+    // What `rpm` bounds: admissions, counted (not extrapolated) over the page's last
+    // minute; refusals are in their own column.
+    const admitted = growthOver((d) => tenantOf(d, t.name).admitted || 0, 60);
+    const tpm = rateOver(tokens, 60);
     const row = el("tr", { "data-tenant": t.name });
     const limit = (v) => (v === null ? "" : ` / ${fmt(v, 0)}`);
     row.append(el("td", {}, t.name));
     row.append(el("td", { "data-field": "in_flight" }, `${fmt(t.in_flight, 0)}${limit(t.limits.max_concurrency)}`));
     row.append(el("td", {}, `${fmt(tpm === null ? null : tpm * 60, 0)}${limit(t.limits.tpm)}` +
       (t.rate_limits && t.rate_limits.remaining_tokens !== null ? ` (${fmt(t.rate_limits.remaining_tokens, 0)} left)` : "")));
-    row.append(el("td", {}, `${fmt(rpm === null ? null : rpm * 60, 0)}${limit(t.limits.rpm)}` +
+    const within = admitted === null || admitted.span >= 55 ? "" : ` in ${fmt(admitted.span, 0)} s`;
+    row.append(el("td", { "data-field": "admitted" }, `${admitted === null ? "–" : fmt(admitted.count, 0)}${within}${limit(t.limits.rpm)}` +
       (t.rate_limits && t.rate_limits.remaining_requests !== null ? ` (${fmt(t.rate_limits.remaining_requests, 0)} left)` : "")));
     row.append(el("td", { "data-field": "tokens" }, `${fmt(t.prompt_tokens, 0)} + ${fmt(t.completion_tokens, 0)}`));
     const refusals = Object.entries(t.refusals).map(([r, n]) => `${r} ${n}`).join(", ");
@@ -207,6 +238,7 @@ function setState(state, text) {
 
 async function poll(gen) {
   const key = sessionStorage.getItem(KEY) || "";
+  if (!SENDABLE_KEY.test(key)) { setState("error", WRONG_KEY); stop(); return; }
   const headers = key ? { Authorization: `Bearer ${key}` } : {};
   try {
     const answer = await fetch("/admin/status", { headers, cache: "no-store", credentials: "omit" });
