@@ -29,6 +29,13 @@ Bounded: a fixed number of single-client requests, fixed rate windows, per-reque
 and a watchdog (`--max-runtime-s`). Children are stopped on exit, on Ctrl-C and on SIGTERM;
 on Linux they also receive SIGTERM if this process dies.
 
+`--base REV` also runs the gateway of another commit (`git archive REV`, run from that tree
+with `PYTHONPATH`) beside this tree's, against the same engine, in the same rounds: target
+`base`, interleaved with `direct` and `gateway` request by request and window by window. The
+report then gives this tree's CPU per request and latency as ratios to the base's, the figure
+of record for "did this change make requests dearer" (absolute figures move by 1.4x between
+sessions on these VMs; a ratio within one run does not).
+
 `--profile FILE` adds one more rate window against the gateway with py-spy attached to it
 (`--py-spy`, default: on PATH or /tmp/pyspy/bin/py-spy), writes the collapsed stacks to FILE
 and prints the functions with the most on-CPU samples. That window is not in the figures.
@@ -63,7 +70,7 @@ from gateway.loadtest.cpu import cpu_seconds, loadavg, machine, machine_busy
 
 MODEL = "tiny"
 PROMPT = "Say hello in one short sentence."
-TARGETS = ("direct", "gateway")
+TARGETS = ("direct", "gateway", "base")  # "base": the gateway of `--base REV`
 # Large enough that neither the engine nor the gateway ever queues a request of this bench.
 ENGINE = {"num_gpu_blocks": 65536, "block_size": 16, "max_num_seqs": 1024, "max_model_len": 2048}
 WARMUP_REQUESTS = 50
@@ -130,10 +137,32 @@ def gateway_config(engine_url: str, tokenizer: str, redis_url: str | None) -> di
     return cfg
 
 
-def start_gateway(workdir: Path, cfg: dict[str, Any]) -> tuple[Child, str]:
-    """`kv-gateway serve` with that configuration."""
-    gateway = GatewayProcess(cfg, workdir, startup_timeout_s=STARTUP_TIMEOUT_S, own_group=True)
+def start_gateway(
+    workdir: Path, cfg: dict[str, Any], tree: Path | None = None
+) -> tuple[Child, str]:
+    """`kv-gateway serve` with that configuration; `tree`: run the package found there (a
+    checkout of another commit) instead of the installed one."""
+    env = None
+    if tree is not None:
+        env = {**os.environ, "PYTHONPATH": str(tree)}
+        workdir = workdir / "base-gateway"
+        workdir.mkdir(exist_ok=True)
+    gateway = GatewayProcess(
+        cfg, workdir, startup_timeout_s=STARTUP_TIMEOUT_S, own_group=True, env=env
+    )
     return gateway.start(), gateway.url
+
+
+def base_tree(rev: str, workdir: Path) -> Path:
+    """The files of commit `rev` of this repository, extracted under `workdir`."""
+    repo = Path(__file__).resolve().parents[1]
+    tree = workdir / "base-tree"
+    tree.mkdir()
+    archive = subprocess.run(
+        ["git", "-C", str(repo), "archive", rev], check=True, capture_output=True
+    ).stdout
+    subprocess.run(["tar", "-x", "-C", str(tree)], input=archive, check=True)
+    return tree
 
 
 # ---------------------------------------------------------------------------------------------
@@ -550,7 +579,7 @@ def print_latency(title: str, stats: dict[str, dict[str, Any]]) -> None:
     d, g = stats["direct"], stats["gateway"]
     print(f"\n{title} (n={d['n']} per target, one client)")
     print(f"  {'':8} {'p50 ms':>8} {'p99 ms':>8} {'mean ms':>8}   p50 per slice (ms)")
-    for t in TARGETS:
+    for t in stats:
         s = stats[t]
         slices = " ".join(f"{x:.2f}" for x in s["p50_ms_per_slice"])
         print(f"  {t:8} {s['p50_ms']:8.2f} {s['p99_ms']:8.2f} {s['mean_ms']:8.2f}   {slices}")
@@ -559,6 +588,13 @@ def print_latency(title: str, stats: dict[str, dict[str, Any]]) -> None:
         f"p99 +{g['p99_ms'] - d['p99_ms']:.2f} ms; ratio gateway/direct: "
         f"p50 {g['p50_ms'] / d['p50_ms']:.2f}x, p99 {g['p99_ms'] / d['p99_ms']:.2f}x"
     )
+    b = stats.get("base")
+    if b is not None:
+        added, added_base = g["p50_ms"] - d["p50_ms"], b["p50_ms"] - d["p50_ms"]
+        print(
+            f"  this tree against the base: p50 {g['p50_ms'] / b['p50_ms']:.3f}x, "
+            f"added p50 {added:.3f} ms against {added_base:.3f} ms"
+        )
 
 
 def print_rates(rates: list[RateResult]) -> dict[str, Any]:
@@ -568,9 +604,10 @@ def print_rates(rates: list[RateResult]) -> dict[str, Any]:
         "ms/req: its CPU time per request; busy: cores busy on the whole machine"
     )
     summary: dict[str, Any] = {}
+    targets = [t for t in TARGETS if any(r.target == t for r in rates)]
     for conc in sorted({r.concurrency for r in rates}):
-        per = {t: [r for r in rates if r.target == t and r.concurrency == conc] for t in TARGETS}
-        for t in TARGETS:
+        per = {t: [r for r in rates if r.target == t and r.concurrency == conc] for t in targets}
+        for t in targets:
             for r in per[t]:
                 cpu = " ".join(
                     f"{k}={v:.2f} ({r.cpu_ms_per_request.get(k, 0):.2f})" for k, v in r.cpu.items()
@@ -582,7 +619,7 @@ def print_rates(rates: list[RateResult]) -> dict[str, Any]:
                     f"busy {r.machine_busy_cores}{flag}"
                 )
         level: dict[str, Any] = {}
-        for t in TARGETS:
+        for t in targets:
             rps = [r.rps for r in per[t]]
             level[t] = {"median_rps": statistics.median(rps), "rps": rps}
         gw_ms = [r.cpu_ms_per_request.get("gateway", 0) for r in per["gateway"]]
@@ -603,6 +640,18 @@ def print_rates(rates: list[RateResult]) -> dict[str, Any]:
                 f"         CPU per request: gateway {g:.2f} ms (spread {spread(gw_ms)}), "
                 f"engine {e:.2f} ms (spread {spread(eng_ms)}): one core saturates at about "
                 f"{1e3 / g:.0f} req/s for the gateway, {1e3 / e:.0f} req/s for the engine"
+            )
+        base_ms = [r.cpu_ms_per_request.get("gateway", 0) for r in per.get("base", [])]
+        if base_ms and gw_ms and min(base_ms) > 0:
+            pairs = [g / b for g, b in zip(gw_ms, base_ms, strict=False)]
+            level["base_cpu_ms_per_request"] = base_ms
+            level["cpu_ratio_to_base"] = statistics.median(gw_ms) / statistics.median(base_ms)
+            level["cpu_ratio_to_base_by_round"] = pairs
+            print(
+                f"         this tree against the base: CPU per request "
+                f"{level['cpu_ratio_to_base']:.3f}x (medians {statistics.median(gw_ms):.3f} / "
+                f"{statistics.median(base_ms):.3f} ms; by round {spread(pairs)}), req/s "
+                f"{level['gateway']['median_rps'] / level['base']['median_rps']:.3f}x"
             )
     return summary
 
@@ -646,6 +695,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--redis", help="shared state in this Redis (e.g. redis://127.0.0.1:6379/0), not in-process"
     )
+    p.add_argument(
+        "--base",
+        help="also run the gateway of this commit (e.g. facbfcd) in the same rounds: ratios to it",
+    )
     p.add_argument("--json", type=Path, help="also write every figure to this file")
     p.add_argument("--profile", type=Path, help="py-spy collapsed stacks of the gateway here")
     p.add_argument("--py-spy", help="py-spy binary (default: PATH, then /tmp/pyspy/bin/py-spy)")
@@ -668,19 +721,27 @@ def run(args: argparse.Namespace, workdir: Path, children: list[Child]) -> dict[
 
     engine, engine_url = start_engine(workdir)
     children.append(engine)
-    gateway, gateway_url = start_gateway(
-        workdir, gateway_config(engine_url, args.tokenizer, args.redis)
-    )
+    cfg = gateway_config(engine_url, args.tokenizer, args.redis)
+    gateway, gateway_url = start_gateway(workdir, cfg)
     children.append(gateway)
     print(f"engine {engine_url} (pid {engine.pid}), gateway {gateway_url} (pid {gateway.pid})")
+    bases = {"direct": engine_url, "gateway": gateway_url}
+    pids = {"gateway": gateway.pid}
+    if args.base:
+        if args.redis:  # its own keys: the two gateways must not share a ledger
+            cfg = {**cfg, "redis": {**cfg["redis"], "key_prefix": f"bench-base-{os.getpid()}"}}
+        base, bases["base"] = start_gateway(workdir, cfg, base_tree(args.base, workdir))
+        children.append(base)
+        pids["base"] = base.pid
+        print(f"base gateway ({args.base}) {bases['base']} (pid {base.pid})")
+    targets = tuple(bases)
 
     path, body = request_body(args.api, stream=False, max_tokens=args.max_tokens)
     _, stream_body = request_body(args.api, stream=True, max_tokens=args.max_tokens)
-    bases = {"direct": engine_url, "gateway": gateway_url}
 
     timings = asyncio.run(paired_samples(args.client, bases, path, body, args.requests))
     report["latency"] = {
-        t: latency_summary([x.total_s for x in timings[t]], args.rounds) for t in TARGETS
+        t: latency_summary([x.total_s for x in timings[t]], args.rounds) for t in targets
     }
     print_latency(
         f"non-streaming latency ({args.api}, {args.max_tokens} tokens, {args.client} client)",
@@ -688,19 +749,20 @@ def run(args: argparse.Namespace, workdir: Path, children: list[Child]) -> dict[
     )
     timings = asyncio.run(paired_samples(args.client, bases, path, stream_body, args.requests))
     report["ttfb"] = {
-        t: latency_summary([x.first_byte_s for x in timings[t]], args.rounds) for t in TARGETS
+        t: latency_summary([x.first_byte_s for x in timings[t]], args.rounds) for t in targets
     }
     print_latency("streaming time to first body byte", report["ttfb"])
 
-    servers = {"gateway": gateway.pid, "engine": engine.pid}
-    loads = {t: Load(args.client, bases[t], path, body, args.seconds) for t in TARGETS}
+    # The process measured as "gateway" in a window is the one that window's target runs.
+    servers = {t: {"gateway": pids.get(t, gateway.pid), "engine": engine.pid} for t in targets}
+    loads = {t: Load(args.client, bases[t], path, body, args.seconds) for t in targets}
     rates: list[RateResult] = []
     for level in args.levels:
         for r in range(args.rounds):
-            for t in TARGETS if r % 2 == 0 else tuple(reversed(TARGETS)):
+            for t in targets if r % 2 == 0 else tuple(reversed(targets)):
                 rates.append(
                     rate_window(
-                        t, loads[t], concurrency=level, procs=args.client_procs, servers=servers
+                        t, loads[t], concurrency=level, procs=args.client_procs, servers=servers[t]
                     )
                 )
                 print(f"  . c={level} {t} round {r + 1}: {rates[-1].rps:.0f} req/s", flush=True)
@@ -710,7 +772,7 @@ def run(args: argparse.Namespace, workdir: Path, children: list[Child]) -> dict[
         print("  note: a client process used >= 85% of a core: the ceiling may be the client's")
 
     if args.profile is not None:
-        report["profile"] = profile(args, loads["gateway"], servers)
+        report["profile"] = profile(args, loads["gateway"], servers["gateway"])
     report["loadavg_end"] = loadavg()
     print(f"\nload average at the end {report['loadavg_end']}")
     return report
