@@ -161,7 +161,7 @@ class Scheduler:
         self.max_wait_s = max_wait_s
         self.retry_fallback_s = retry_fallback_s
         self.rate = rate
-        self.forecast = RetryForecast(rate, retry_fallback_s)
+        self.forecast = RetryForecast(rate, retry_fallback_s, max_places=max_length)
         self.clock = clock
         self.tally = tally
         self.waiting: dict[str, float] = {}

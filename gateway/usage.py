@@ -37,6 +37,10 @@ class UsageMeter:
             return
         data = self._tail + chunk
         *events, self._tail = data.split(b"\n\n")
+        if len(self._tail) > TAIL:
+            # An event this long is not vLLM's usage chunk: keep its end only (its start
+            # is gone, so it is passed over), and memory stays bounded.
+            self._tail = self._tail[-TAIL:]
         for event in events:
             self._event(event.strip())
 

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import bisect
 import heapq
+import math
 from collections import deque
 from dataclasses import dataclass
 
@@ -106,16 +107,28 @@ class Room:
     blocks: int
 
 
+PROMISE_TICKS_PER_S = 10
+"""Promises are summed per tenth of a second of their due time (rounded up: a promise counts
+until at most 0.1 s after it is due): however many refusals are advised, at most
+`MAX_RETRY_S × PROMISE_TICKS_PER_S` sums are kept."""
+
+
 class RetryForecast:
     """Advises refused requests when to come back, remembering what it advised (the
-    promises) until each is due. One per gateway process; not thread-safe."""
+    promises) until each is due. One per gateway process; not thread-safe.
 
-    def __init__(self, rate: ReleaseRate, fallback_s: float) -> None:
+    Memory is bounded whatever the refusal rate: promises are summed per tick of their due
+    time (`PROMISE_TICKS_PER_S`), and at most `max_places` places are kept in line (None: no
+    cap; a line of `queue.max_length` places cannot keep more)."""
+
+    def __init__(self, rate: ReleaseRate, fallback_s: float, max_places: int | None = None) -> None:
         if fallback_s <= 0:
             raise ValueError("fallback_s must be > 0")
         self.rate = rate
         self.fallback_s = fallback_s
-        self._promised: list[tuple[float, int, int]] = []  # a heap of (due, seqs, blocks)
+        self.max_places = max_places
+        self._ticks: list[int] = []  # a heap of the due ticks with a promise
+        self._promised: dict[int, tuple[int, int]] = {}  # due tick -> (seqs, blocks)
         self._seqs = 0
         self._blocks = 0
         self._places: list[float] = []  # sorted: the due times of places kept in line
@@ -148,8 +161,8 @@ class RetryForecast:
 
     def promised(self, now: float) -> Room:
         """Retries advised and not yet due: they will stand ahead of the next one."""
-        while self._promised and self._promised[0][0] <= now:
-            _, seqs, blocks = heapq.heappop(self._promised)
+        while self._ticks and self._ticks[0] <= now * PROMISE_TICKS_PER_S:
+            seqs, blocks = self._promised.pop(heapq.heappop(self._ticks))
             self._seqs -= seqs
             self._blocks -= blocks
         return Room(self._seqs, self._blocks)
@@ -184,8 +197,13 @@ class RetryForecast:
         seconds = min(MAX_RETRY_S, max(MIN_RETRY_S, seconds))
         if not promise:
             return RetryAdvice(seconds)
-        heapq.heappush(self._promised, (now + seconds, need.seqs, need.blocks))
-        bisect.insort(self._places, now + seconds)
+        tick = math.ceil((now + seconds) * PROMISE_TICKS_PER_S)
+        if tick not in self._promised:
+            heapq.heappush(self._ticks, tick)
+        seqs, blocks = self._promised.get(tick, (0, 0))
+        self._promised[tick] = (seqs + need.seqs, blocks + need.blocks)
+        if self.max_places is None or len(self._places) < self.max_places:
+            bisect.insort(self._places, now + seconds)
         self._seqs += need.seqs
         self._blocks += need.blocks
         return RetryAdvice(seconds)

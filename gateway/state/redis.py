@@ -126,6 +126,9 @@ few Redis commands at every change of an engine's load, which scoring every cand
 costs less than below ~16 engines (server time), more above."""
 MAX_CONNECTIONS = 32
 """The default pool size per store (per gateway process)."""
+PENDING_DEQUEUES_MAX = 10_000
+"""Dequeues that failed while Redis was away, kept to send again (about 100 B each)."""
+
 MIN_CONNECTIONS = 3  # the listener, the renewals, and at least one for the request path
 REDIS_ERRORS: tuple[type[BaseException], ...] = (RedisConnectionError, RedisTimeoutError, OSError)
 
@@ -464,7 +467,11 @@ class RedisStore:
         try:
             await self._call("dequeue", [entry_id])
         except StateUnavailable:
-            self._pending_dequeue.add(entry_id)
+            # Retried once Redis is back, so that it stops blocking the line before its
+            # time is up; past PENDING_DEQUEUES_MAX (a long outage under load) it is left to
+            # expire there (max_wait_s + lease_ttl_s), and memory stays bounded.
+            if len(self._pending_dequeue) < PENDING_DEQUEUES_MAX:
+                self._pending_dequeue.add(entry_id)
 
     async def queue_length(self) -> int:
         return int(await self._inspect("length"))

@@ -2,7 +2,15 @@ import itertools
 
 import pytest
 
-from gateway.core.retry import PROMISE_GRACE_S, ReleaseRate, RetryAdvice, RetryForecast, Room
+from gateway.core.retry import (
+    MAX_RETRY_S,
+    PROMISE_GRACE_S,
+    PROMISE_TICKS_PER_S,
+    ReleaseRate,
+    RetryAdvice,
+    RetryForecast,
+    Room,
+)
 
 
 def test_rate_needs_two_events_and_forgets_old_ones():
@@ -136,3 +144,18 @@ def test_a_newcomer_is_kept_out_only_by_the_places_due_while_it_would_wait():
     # the later ones not (it would have left the line before they come back).
     kept = forecast.held_places(10.0, line=4)
     assert kept == sum(1 for d in due if d <= 10.0 + 4 / per_s) == 4
+
+
+def test_a_flood_of_refusals_keeps_bounded_sums_and_places():
+    """Issue 38: a promise per refusal lived until due (up to MAX_RETRY_S): a client flooding
+    a full line made the forecast grow with its rate. Promises are summed per tick of their
+    due time, and no more places are kept than the line has."""
+    forecast = RetryForecast(ReleaseRate(), fallback_s=2.0, max_places=8)
+    need, none = Room(1, 4), Room(0, 0)
+    for i in range(20_000):  # 20,000 refusals within 2 s
+        forecast.advise(i / 10_000, need=need, ahead=none, free=none, running=Room(1, 4))
+    assert forecast.promised(1.99) == Room(20_000, 80_000)  # every promise still counts
+    assert len(forecast._promised) <= MAX_RETRY_S * PROMISE_TICKS_PER_S
+    assert len(forecast._places) == 8
+    assert forecast.promised(MAX_RETRY_S + 3.0) == Room(0, 0)  # all due: all gone
+    assert not forecast._promised and not forecast._ticks

@@ -1,6 +1,6 @@
 import json
 
-from gateway.usage import UsageMeter
+from gateway.usage import TAIL, UsageMeter
 
 
 def sse(*events):
@@ -104,3 +104,16 @@ def test_a_whole_answer_over_the_parse_limit_still_gives_its_usage():
     for i in range(0, len(body), 65_536):
         m.feed(body[i : i + 65_536])
     assert (m.total_tokens(), m.completion_tokens()) == (4010, 4000)
+
+
+def test_an_endless_stream_event_is_held_only_up_to_the_tail_and_usage_still_read():
+    """Issue 38: a stream event without its end was held whole (and copied at each chunk);
+    a stream with a 1 MiB event keeps at most TAIL bytes of it, and the usage after it is
+    read as usual."""
+    m = UsageMeter(streaming=True, prompt_tokens=10)
+    m.feed(b"data: " + b"x" * 1024)
+    for _ in range(1024):
+        m.feed(b"x" * 1024)
+        assert len(m._tail) <= TAIL
+    m.feed(b"\n\n" + sse({"choices": [], "usage": {"total_tokens": 42}}, b"[DONE]"))
+    assert m.total_tokens() == 42
