@@ -231,7 +231,8 @@ def leftovers(snap: dict[str, Any]) -> dict[str, int]:
 
 
 def run(args: argparse.Namespace, workdir: Path, children: list[Any]) -> dict[str, Any]:
-    report: dict[str, Any] = {"machine": machine(), "store": args.store, "args": vars(args)}
+    given = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
+    report: dict[str, Any] = {"machine": machine(), "store": args.store, "args": given}
     print(f"machine: {report['machine']}; load average {loadavg()}", flush=True)
     sims = [SimProcess(workdir=workdir, own_group=True, **ENGINE) for _ in range(2)]
     for sim in sims:
@@ -242,7 +243,8 @@ def run(args: argparse.Namespace, workdir: Path, children: list[Any]) -> dict[st
         children.append(server)
         redis_url = server.url
     cfg = gateway_config([s.url for s in sims], redis_url if args.store == "redis" else None)
-    gateway = GatewayProcess(cfg, workdir, own_group=True, admin_key=ADMIN_KEY)
+    env = dict(os.environ, **dict(kv.split("=", 1) for kv in args.gateway_env))
+    gateway = GatewayProcess(cfg, workdir, own_group=True, admin_key=ADMIN_KEY, env=env)
     children.append(gateway.start())
     assert gateway.pid is not None
     print(f"gateway {gateway.url} (pid {gateway.pid}), store {args.store}", flush=True)
@@ -329,6 +331,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--concurrency", type=int, default=24)
     p.add_argument("--sample-s", type=float, default=5.0)
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument(
+        "--gateway-env",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="an environment variable for the gateway process (e.g. MALLOC_ARENA_MAX=2)",
+    )
     p.add_argument("--json", type=Path)
     args = p.parse_args(argv)
     for sig in (signal.SIGTERM, signal.SIGALRM):

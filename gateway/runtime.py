@@ -23,6 +23,7 @@ from gateway.engines.pool import EnginePool
 from gateway.engines.setup import resolve_engines
 from gateway.engines.sharing import SharedMonitor, SharedPool
 from gateway.exchange import Exchanges
+from gateway.heap import HeapTrimmer
 from gateway.media import FAMILIES, MediaCounter, MediaPolicy
 from gateway.media.families import MODALITIES
 from gateway.media.sources import FetchPolicy
@@ -62,6 +63,7 @@ class Runtime:
     metrics: GatewayMetrics
     exchanges: Exchanges
     kv_events: KvEventSubscriber | None = None
+    heap: HeapTrimmer | None = None
 
     def reload_keys(self, new: GatewayConfig) -> list[str]:
         """Take `new`'s tenants (keys and limits) and admin keys for the requests that arrive
@@ -77,6 +79,8 @@ class Runtime:
         return sorted(k for k in wanted if k not in applied and wanted[k] != running.get(k))
 
     async def aclose(self) -> None:
+        if self.heap is not None:
+            await self.heap.stop()
         await self.monitor.stop()
         if self.kv_events is not None:
             await self.kv_events.stop()
@@ -288,6 +292,8 @@ def _assemble(
     monitor.start()
     if kv_events is not None:
         kv_events.start()
+    heap = HeapTrimmer()
+    heap.start()
     return Runtime(
         cfg=cfg,
         upstream=upstream,
@@ -301,6 +307,7 @@ def _assemble(
         metrics=metrics,
         exchanges=exchanges,
         kv_events=kv_events,
+        heap=heap,
     )
 
 
