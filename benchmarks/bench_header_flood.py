@@ -35,24 +35,13 @@ import time
 from collections import Counter
 from pathlib import Path
 
+from bench_slowloris import cpu_s, rss_kib  # the same /proc readings (run from benchmarks/)
+
 from gateway.config import ClientsConfig
 from gateway.harness import GatewayProcess, SimProcess
 
-TICKS = os.sysconf("SC_CLK_TCK")
 PIECE = b"x" * 65536
 MIB = 1024 * 1024
-
-
-def rss_kib(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1])
-    return 0
-
-
-def cpu_s(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / TICKS
 
 
 class Flooder:
