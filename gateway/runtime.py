@@ -198,42 +198,16 @@ def _assemble(
         rate=ReleaseRate(cfg.admission.rate_window_s),
         tally=metrics,
     )
+
+    def setup(model: str) -> tuple[TokenCounter, ModelRules]:
+        """The token counter and rules of `model`: at start-up for the models the engines
+        serve, later for a model an engine is first seen serving when it is rediscovered."""
+        return _model_setup(cfg, upstream, pool, model)
+
     counters: dict[str, TokenCounter] = {}
     rules: dict[str, ModelRules] = {}
     for model in pool.models():
-        settings = cfg.model_settings(model)
-        spec = settings.tokenizer
-
-        def urls(model: str = model) -> list[str]:
-            return [e.spec.url for e in pool.serving(model) if e.healthy]
-
-        policy = _media_policy(settings.media)
-        try:
-            counters[model] = make_counter(
-                spec,
-                model=model,
-                tokenize_urls=urls,
-                client=upstream.tokenize_session() if spec == "engine" else None,
-                timeout=upstream.tokenize_timeout,
-                template_defaults=settings.default_chat_template_kwargs,
-                media=policy.family.template if policy and policy.family else None,
-                engine_expands_media=settings.media is None or settings.media.engine_counts_media,
-            )
-        except ValueError as e:  # e.g. an hf: directory that is not there
-            raise ConfigError(f"models: {e}") from None
-        engine_counts = spec == "engine" and (
-            settings.media is None or settings.media.engine_counts_media
-        )
-        media = None
-        if policy is not None or spec == "engine":
-            media = MediaCounter(
-                model,
-                policy or MediaPolicy(),
-                counts=not engine_counts,
-                session=upstream.media_session,
-            )
-        rules[model] = ModelRules(uses_kv_cache=settings.uses_kv_cache, media=media)
-        log.info("model %s: token counter %s", model, spec)
+        counters[model], rules[model] = setup(model)
     prefixes = PrefixCache(
         pool,
         credit=cfg.prefix_cache.credit,
@@ -249,6 +223,7 @@ def _assemble(
         pool=pool,
         scheduler=scheduler,
         counters=counters,
+        setup=setup,
         kv_ceiling=cfg.admission.kv_ceiling,
         reservation=cfg.admission.reservation,
         prediction=cfg.admission.prediction.policy(),
@@ -345,3 +320,43 @@ def _kv_events(
             )
         prefixes.follow(name, models[0])
     return KvEventSubscriber(endpoints, prefixes.events, prefixes.lost)
+
+
+def _model_setup(
+    cfg: GatewayConfig, upstream: Upstream, pool: EnginePool, model: str
+) -> tuple[TokenCounter, ModelRules]:
+    """`model`'s token counter (as `models:` configures it, else the engine's) and rules;
+    raises `ConfigError` when its tokenizer cannot be loaded."""
+    settings = cfg.model_settings(model)
+    spec = settings.tokenizer
+
+    def urls(model: str = model) -> list[str]:
+        return [e.spec.url for e in pool.serving(model) if e.healthy]
+
+    policy = _media_policy(settings.media)
+    try:
+        counter = make_counter(
+            spec,
+            model=model,
+            tokenize_urls=urls,
+            client=upstream.tokenize_session() if spec == "engine" else None,
+            timeout=upstream.tokenize_timeout,
+            template_defaults=settings.default_chat_template_kwargs,
+            media=policy.family.template if policy and policy.family else None,
+            engine_expands_media=settings.media is None or settings.media.engine_counts_media,
+        )
+    except ValueError as e:  # e.g. an hf: directory that is not there
+        raise ConfigError(f"models: {e}") from None
+    engine_counts = spec == "engine" and (
+        settings.media is None or settings.media.engine_counts_media
+    )
+    media = None
+    if policy is not None or spec == "engine":
+        media = MediaCounter(
+            model,
+            policy or MediaPolicy(),
+            counts=not engine_counts,
+            session=upstream.media_session,
+        )
+    log.info("model %s: token counter %s", model, spec)
+    return counter, ModelRules(uses_kv_cache=settings.uses_kv_cache, media=media)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -106,14 +106,16 @@ class Service:
         engine_flags: Mapping[str, ChatFlags] | None = None,
         responses: ResponseLog | None = None,
         prefixes: PrefixCache | None = None,
+        setup: Callable[[str], tuple[TokenCounter, ModelRules]] | None = None,
     ) -> None:
         self.pool = pool
+        self._setup = setup
         self.prefixes = prefixes
         self.models = dict(models or {})
         self.engine_flags = dict(engine_flags or {})
         self.responses = responses if responses is not None else ResponseLog()
         self.scheduler = scheduler
-        self.counters = counters
+        self.counters = dict(counters)
         self.kv_ceiling = kv_ceiling
         self.reservation = reservation
         self.clamp = clamp  # admission.over_length: clamp
@@ -125,7 +127,7 @@ class Service:
         self._tenant_lengths: dict[tuple[str, str], OutputLengths] = {}
         # `adaptive`: per model, the reservation steered by its engines' preemptions, and the
         # preemption total last seen on them.
-        steer = adaptive or AdaptivePolicy()
+        self._steer = steer = adaptive or AdaptivePolicy()
         self.adaptive = {
             model: AdaptiveReservation(steer, self._policy.quantile) for model in counters
         }
@@ -287,6 +289,24 @@ class Service:
             return 0
         return max(0, total - seen)
 
+    def _counter(self, model: str) -> TokenCounter:
+        """`model`'s counter; one set up now for a model an engine was first seen serving
+        after start-up (rediscovered), with its output lengths learned from nothing."""
+        counter = self.counters.get(model)
+        if counter is not None:
+            return counter
+        if self._setup is None:
+            raise UpstreamUnavailable(f"no token counter for `{model}`")
+        try:
+            counter, rules = self._setup(model)
+        except ValueError as e:  # its tokenizer cannot be loaded (a ConfigError)
+            raise UpstreamUnavailable(f"could not count the request's tokens: {e}") from None
+        self.counters[model] = counter
+        self.models[model] = rules
+        self.output_lengths.setdefault(model, OutputLengths(self._policy))
+        self.adaptive.setdefault(model, AdaptiveReservation(self._steer, self._policy.quantile))
+        return counter
+
     def _share_blocks(self, tenant: TenantPolicy) -> int | None:
         """`kv_share` in blocks: a fraction of all engines' admissible blocks."""
         if tenant.kv_share is None:
@@ -298,10 +318,10 @@ class Service:
         """Count the request's prompts (as `engines`, the candidates, will render them);
         raises `BadRequest` for what the request got wrong, `UpstreamUnavailable` when no
         count can be had."""
-        rules = self.models.get(inbound.model, ModelRules())
         if not inbound.counted:  # tokenize/detokenize: a lease for the limits, no KV
             return Counted(RequestShape((), 0, generates=False))
-        counter = self.counters[inbound.model]
+        counter = self._counter(inbound.model)
+        rules = self.models.get(inbound.model, ModelRules())
         param = "messages" if inbound.chat is not None else "prompt"
         try:
             prompts = await self._count(counter, inbound, engines, rules)

@@ -175,6 +175,39 @@ async def test_restarted_engine_is_readmitted_with_its_new_capacity():
         assert r.status_code == 200
 
 
+async def test_a_model_first_seen_when_an_engine_comes_back_is_served():
+    """The engine comes back serving another model: the gateway learns it at rediscovery
+    and sets up its counter then (this was a 500: no counter for a model not served at
+    start-up). The model is not in `models:`, so it is counted as the engine counts."""
+    async with (
+        sims({"num_gpu_blocks": 65}) as [a],
+        gateway([{"name": "a", "url": a.url}]) as (url, _),
+        httpx.AsyncClient(timeout=30) as http,
+    ):
+        a.kill()
+        for _ in range(100):
+            if not (await status(http, url))["a"]["healthy"]:
+                break
+            await asyncio.sleep(0.05)
+        await a.configure(served_model_name="tiny-2").astart()
+        for _ in range(100):
+            engine = (await status(http, url))["a"]
+            if engine["healthy"] and "tiny-2" in engine["models"]:
+                break
+            await asyncio.sleep(0.05)
+        assert engine["healthy"] and engine["models"] == ["tiny-2"], engine
+        r = await http.post(
+            url + "/v1/completions",
+            json={"model": "tiny-2", "prompt": "hello there", "max_tokens": 2},
+        )
+        assert r.status_code == 200, r.text
+        assert r.json()["usage"]["prompt_tokens"] > 0
+        r = await http.post(
+            url + "/v1/completions", json={"model": "tiny", "prompt": "x", "max_tokens": 2}
+        )
+        assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found"
+
+
 async def test_load_around_the_gateway_steers_routing_away():
     async with sims({"num_gpu_blocks": 129, "decode_ms_base": 5.0}, {"num_gpu_blocks": 129}) as [
         a,
