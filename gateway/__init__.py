@@ -1,3 +1,5 @@
 """kv-gateway: an OpenAI-compatible gateway that protects vLLM engines from overload."""
 
-__version__ = "0.1.0"
+from gateway.version import __version__
+
+__all__ = ["__version__"]

@@ -7,4 +7,4 @@ from importlib.metadata import PackageNotFoundError, version
 try:
     __version__ = version("kv-gateway")
 except PackageNotFoundError:  # run from a source tree that was never installed
-    __version__ = "0.1.0+source"
+    __version__ = "0.6.0+source"
