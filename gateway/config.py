@@ -1,7 +1,8 @@
 """The gateway's configuration: one YAML file, validated once at start-up.
 
 Unknown keys and impossible values are errors that name the key (`ConfigError`). Field
-names are a contract with users: extend, never rename.
+names are a contract with users: extend, never rename. Every key, its type and its default
+are documented in docs/configuration.md (tests/gateway/test_configuration_doc.py checks it).
 """
 
 from __future__ import annotations
