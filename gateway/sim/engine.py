@@ -190,7 +190,9 @@ class _Sequence:
     block_hashes: list[BlockHash] = field(default_factory=list)  # memo, grows as needed
     num_cached_tokens: int | None = None  # prefix-cache hit at first admission (vLLM's)
     num_preemptions: int = 0
+    scheduled_at: float | None = None  # first admission (not re-admission after preemption)
     first_token_at: float | None = None
+    last_token_at: float | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -218,15 +220,27 @@ class _Sequence:
 
 @dataclass(frozen=True)
 class TokenEvent:
-    """The ``index``-th output token (0-based) of a request was sampled at ``at``."""
+    """The ``index``-th output token (0-based) of a request was sampled at ``at``.
+
+    ``since`` is the request's arrival for its first token and its previous token's time for
+    the others, so ``at - since`` is what vLLM observes per output token: the time to first
+    token, then the inter-token latency (a preemption's recomputation included).
+    """
 
     request_id: str
     index: int
     at: float
+    since: float
 
 
 @dataclass(frozen=True)
 class Finished:
+    """A request that ended (``at``), with the times vLLM's per-request histograms measure.
+
+    ``scheduled_at`` is its first admission (None if it never left the waiting queue),
+    ``first_token_at`` and ``last_token_at`` its first and last output tokens (None if none).
+    """
+
     request_id: str
     reason: FinishReason
     num_prompt_tokens: int
@@ -236,6 +250,8 @@ class Finished:
     at: float
     num_preemptions: int
     num_cached_tokens: int = 0  # prompt tokens found in the prefix cache at first admission
+    scheduled_at: float | None = None
+    last_token_at: float | None = None
 
 
 @dataclass(frozen=True)
@@ -255,9 +271,14 @@ class Batch:
 
 @dataclass(frozen=True)
 class StepOutcome:
+    """What a step produced. ``prompt_tokens_computed`` sums, over the requests whose first
+    token came in this step, their prompt tokens not found in the prefix cache (vLLM counts a
+    prompt's computed tokens with its first token, for ``vllm:iteration_tokens_total``)."""
+
     batch: Batch
     tokens: tuple[TokenEvent, ...]
     finished: tuple[Finished, ...]
+    prompt_tokens_computed: int = 0
 
 
 @dataclass(frozen=True)
@@ -402,7 +423,7 @@ class Engine:
             if num_new == 0:
                 break
             self._waiting.popleft()
-            self._admit(seq, hit, num_new)
+            self._admit(seq, hit, num_new, now)
             scheduled[seq.spec.request_id] = num_new
             prefill_tokens += self._prefill_part(seq, num_new)
             budget -= num_new
@@ -420,14 +441,20 @@ class Engine:
         self._in_flight = batch
         return batch
 
-    def end_step(self, batch: Batch) -> StepOutcome:
-        """Apply a step's results at ``batch.ends_at``: sample tokens, finish requests."""
+    def end_step(self, batch: Batch, at: float | None = None) -> StepOutcome:
+        """Apply a step's results at ``at``: sample tokens, finish requests.
+
+        ``at`` defaults to ``batch.ends_at`` (a virtual clock); a driver on the real clock
+        passes the time the step's results are in, which its sleep may have overshot.
+        """
         if self._in_flight is not batch:
             raise EngineError("end_step of a batch that is not in flight")
         self._in_flight = None
-        at = batch.ends_at
+        if at is None:
+            at = batch.ends_at
         tokens: list[TokenEvent] = []
         finished: list[Finished] = []
+        prompt_tokens_computed = 0
         for request_id, num_new in batch.scheduled:
             seq = self._by_id.get(request_id)
             if seq is None or seq.status is not Status.RUNNING:
@@ -437,15 +464,27 @@ class Engine:
                 continue  # a chunk of a prefill; no token yet
             if seq.first_token_at is None:
                 seq.first_token_at = at
+                cached = seq.num_cached_tokens or 0
                 self.prompt_tokens += seq.spec.num_prompt_tokens
-                self.prompt_tokens_cached += seq.num_cached_tokens or 0
-            tokens.append(TokenEvent(request_id, seq.num_generated, at))
+                self.prompt_tokens_cached += cached
+                prompt_tokens_computed += seq.spec.num_prompt_tokens - cached
+                since = seq.arrival
+            else:
+                assert seq.last_token_at is not None
+                since = seq.last_token_at
+            tokens.append(TokenEvent(request_id, seq.num_generated, at, since))
+            seq.last_token_at = at
             seq.num_generated += 1
             self.generation_tokens += 1
             if seq.num_generated >= seq.spec.num_output_tokens:
                 self._running.remove(seq)
                 finished.append(self._finish(seq, seq.spec.finish_reason, at))
-        return StepOutcome(batch=batch, tokens=tuple(tokens), finished=tuple(finished))
+        return StepOutcome(
+            batch=batch,
+            tokens=tuple(tokens),
+            finished=tuple(finished),
+            prompt_tokens_computed=prompt_tokens_computed,
+        )
 
     def step(self, now: float) -> StepOutcome:
         """``begin_step`` then ``end_step``, for drivers that need nothing in between."""
@@ -550,8 +589,10 @@ class Engine:
         revived = sum(1 for block_id in hit if pool.ref_count(block_id) == 0)
         return new_blocks + revived <= pool.num_free
 
-    def _admit(self, seq: _Sequence, hit: list[int], num_new: int) -> None:
+    def _admit(self, seq: _Sequence, hit: list[int], num_new: int, now: float) -> None:
         num_hit_tokens = len(hit) * self.limits.block_size
+        if seq.scheduled_at is None:  # vLLM's queue time ends at the first admission only
+            seq.scheduled_at = now
         self.block_pool.touch(hit)
         seq.block_ids = list(hit)
         seq.num_cached_blocks = len(hit)
@@ -633,4 +674,6 @@ class Engine:
             at=at,
             num_preemptions=seq.num_preemptions,
             num_cached_tokens=seq.num_cached_tokens or 0,
+            scheduled_at=seq.scheduled_at,
+            last_token_at=seq.last_token_at,
         )

@@ -48,15 +48,12 @@ class EngineLoop:
         self._clock = clock
         self._sleep = sleep
         self._sinks: dict[str, asyncio.Queue[Event]] = {}
-        self._arrivals: dict[str, float] = {}
         self._wake = asyncio.Event()
         self.failed: BaseException | None = None
 
     def submit(self, spec: RequestSpec, sink: asyncio.Queue[Event]) -> None:
-        now = self._clock()
-        self.engine.add(spec, now)
+        self.engine.add(spec, self._clock())
         self._sinks[spec.request_id] = sink
-        self._arrivals[spec.request_id] = now
         self._wake.set()
 
     def abort(self, request_id: str) -> None:
@@ -80,12 +77,11 @@ class EngineLoop:
                     await self._wake.wait()
                     continue
                 await self._sleep(batch.seconds)
-                outcome = self.engine.end_step(batch)
-                now = self._clock()
+                # Stamped with the clock, not the modelled end: the histograms then include
+                # the sleep's overshoot, as vLLM's include its own overheads.
+                outcome = self.engine.end_step(batch, at=self._clock())
+                self._metrics.observe_step(outcome)
                 for token in outcome.tokens:
-                    if token.index == 0:
-                        arrival = self._arrivals.get(token.request_id, now)
-                        self._metrics.observe_time_to_first_token(now - arrival)
                     self._deliver(Generated(token.request_id, token.index))
                 for finished in outcome.finished:
                     self._deliver(
@@ -105,4 +101,3 @@ class EngineLoop:
 
     def _forget(self, request_id: str) -> None:
         self._sinks.pop(request_id, None)
-        self._arrivals.pop(request_id, None)

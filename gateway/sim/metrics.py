@@ -3,8 +3,8 @@
 Names, types and labels follow a real vLLM 0.32 page (``tests/fixtures/vllm/metrics-cpu-0.32.txt``):
 per-engine series carry ``engine`` and ``model_name``; ``vllm:cache_config_info`` carries the
 cache settings as labels and ``engine`` only. Gauges and counters are read from the engine's
-snapshot at scrape time, so they can never drift from the scheduler's state; the time to first
-token is a real histogram observed by the step loop.
+snapshot at scrape time, so they can never drift from the scheduler's state; vLLM's latency
+and size histograms (``gateway.sim.histograms``) are observed by the step loop after every step.
 """
 
 from __future__ import annotations
@@ -12,18 +12,13 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable, Iterator
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from gateway.sim.engine import EngineLimits, EngineSnapshot
+from gateway.sim.engine import EngineLimits, EngineSnapshot, StepOutcome
 from gateway.sim.front_door import REFUSAL_REASONS, RefusalReason
-
-# vLLM's buckets for vllm:time_to_first_token_seconds.
-TTFT_BUCKETS = (
-    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75,
-    1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0,
-)  # fmt: skip
+from gateway.sim.histograms import EngineHistograms
 
 # Every finished_reason label vLLM 0.32 exports, zeros included.
 FINISHED_REASONS = ("stop", "length", "abort", "error", "repetition")
@@ -60,13 +55,10 @@ class EngineMetrics:
                 started_at,
             )
         )
-        self._ttft = Histogram(
-            "vllm:time_to_first_token_seconds",
-            "Histogram of time to first token in seconds.",
-            labelnames=("engine", "model_name"),
-            buckets=TTFT_BUCKETS,
-            registry=self.registry,
-        ).labels(**self._labels)
+        self._histograms = EngineHistograms(
+            self._labels, max_model_len=limits.max_model_len, created=started_at
+        )
+        self.registry.register(self._histograms)
         # A front-door counter: vLLM labels it by model and reason, without ``engine``.
         rejections = Counter(
             "vllm:admission_rejections",
@@ -82,8 +74,9 @@ class EngineMetrics:
         self._page = CollectorRegistry(auto_describe=False)
         self._page.register(_Hiding(self.registry, frozenset(hidden)))
 
-    def observe_time_to_first_token(self, seconds: float) -> None:
-        self._ttft.observe(seconds)
+    def observe_step(self, outcome: StepOutcome) -> None:
+        """Feed one step's tokens and finished requests to vLLM's histograms."""
+        self._histograms.observe_step(outcome)
 
     def count_admission_rejection(self, reason: RefusalReason) -> None:
         self._rejections[reason].inc()

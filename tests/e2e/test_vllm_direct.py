@@ -7,7 +7,10 @@ from collections.abc import Iterator
 import httpx
 import openai
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
+from gateway.sim.engine import Engine, EngineLimits
+from gateway.sim.metrics import EngineMetrics
 from tests.e2e import conftest
 from tests.e2e.engine_metrics import SAMPLING_PATH, scrape
 from tests.e2e.overload import PROMPT, run_overload
@@ -43,6 +46,37 @@ def test_discovery_facts(vllm_url: str) -> None:
     assert metrics.block_size == conftest.BLOCK_SIZE
     # The watchers' path serves the same registry (idle engine: the same values).
     assert scrape(vllm_url, path=SAMPLING_PATH) == metrics
+
+
+def _histograms(page: str) -> dict[str, tuple[str, frozenset[str], tuple[str, ...]]]:
+    """histogram name -> (help text, label names, bucket bounds)."""
+    return {
+        f.name: (
+            f.documentation,
+            frozenset(k for s in f.samples for k in s.labels),
+            tuple(s.labels["le"] for s in f.samples if s.name.endswith("_bucket")),
+        )
+        for f in text_string_to_metric_families(page)
+        if f.type == "histogram"
+    }
+
+
+def test_publishes_every_histogram_the_simulator_imitates(vllm_url: str) -> None:
+    """The simulator's latency and size histograms (issue 40) are vLLM's: same names, help
+    texts, labels and buckets (the token buckets follow max_model_len)."""
+    limits = EngineLimits(
+        num_gpu_blocks=conftest.NUM_GPU_BLOCKS,
+        block_size=conftest.BLOCK_SIZE,
+        max_model_len=conftest.MAX_MODEL_LEN,
+    )
+    sim = EngineMetrics(
+        model_name="tiny", limits=limits, snapshot=Engine(limits).snapshot, started_at=0.0
+    )
+    ours = _histograms(sim.render().decode())
+    real = _histograms(httpx.get(f"{vllm_url}/metrics", timeout=30).text)
+    assert "vllm:inter_token_latency_seconds" in ours
+    for name, shape in ours.items():
+        assert real.get(name) == shape, name
 
 
 def test_chat(client: openai.OpenAI) -> None:
