@@ -191,7 +191,11 @@ class RedisStore:
         max_connections: int = MAX_CONNECTIONS,
         functions: bool = True,
         order_min_engines: int = ORDER_MIN_ENGINES,
+        clock: Callable[[], float] | None = None,
     ) -> None:
+        """`clock` is for tests only: the scripts then take its time instead of Redis `TIME`
+        (scripts.py `Script`), so a test can drive them and `InMemoryStore(clock=...)` on one
+        clock it sets. Production leaves it None: every replica reads one clock, Redis's."""
         if lease_ttl_s <= 0:
             raise ValueError("lease_ttl_s must be > 0")
         if max_connections < MIN_CONNECTIONS:
@@ -237,10 +241,11 @@ class RedisStore:
         calls = max_connections - 2
         self._request_lane = Lane(lanes.make_connection, calls, self._still_up, timeout_s)
         self._background_lane = Lane(lanes.make_connection, 1, self._still_up, timeout_s)
-        shared = [repr(self.key_ttl_s), self.channel]  # ARGV 1 and 2 of every script
+        shared = [repr(self.key_ttl_s), self.channel]  # ARGV 1 and 2 of every script; 3: time
         library = _library() if functions else None
         self._scripts = {
-            name: Script(name, _script_source(name), self.keys, shared, library) for name in SCRIPTS
+            name: Script(name, _script_source(name), self.keys, shared, library, clock)
+            for name in SCRIPTS
         }
         # Leases this replica renews: id -> the lease's record as Redis holds it, written
         # again by the renewal if Redis lost it (see renew.lua).

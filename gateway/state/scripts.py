@@ -277,9 +277,13 @@ class Library:
 
 class Script:
     """One Lua script of a store, `name`: `await script(lane, args)` runs it with the store's
-    keys and the leading arguments every call shares (`shared`), then `args`: by FCALL of
-    its function in `library` when there is one and the server runs it, else by EVALSHA of
-    `source` (the script whole, shared code included)."""
+    keys and the leading arguments every call shares (`shared`), then the time, then `args`:
+    by FCALL of its function in `library` when there is one and the server runs it, else by
+    EVALSHA of `source` (the script whole, shared code included).
+
+    The time is '' (the scripts read Redis `TIME`: common.lua `begin`), or with `clock`
+    (tests only) `clock()` as the call is made: a test drives the scripts and the
+    in-process store on one clock it sets."""
 
     def __init__(
         self,
@@ -288,15 +292,20 @@ class Script:
         keys: Sequence[str],
         shared: Sequence[str],
         library: Library | None = None,
+        clock: Callable[[], float] | None = None,
     ) -> None:
         self.source = source
         self.sha = hashlib.sha1(source.encode()).hexdigest()
-        self._head: tuple[str | int, ...] = ("EVALSHA", self.sha, len(keys), *keys, *shared)
+        self._clock = clock
+        now = () if clock is not None else ("",)  # packed once: Redis TIME
+        self._head: tuple[str | int, ...] = ("EVALSHA", self.sha, len(keys), *keys, *shared, *now)
         self._library = library
         function = Library.function_name(library.name, name) if library else ""
-        self._fcall: tuple[str | int, ...] = ("FCALL", function, len(keys), *keys, *shared)
+        self._fcall: tuple[str | int, ...] = ("FCALL", function, len(keys), *keys, *shared, *now)
 
     async def __call__(self, lane: Lane, args: Sequence[str]) -> Any:
+        if self._clock is not None:
+            args = (repr(float(self._clock())), *args)
         try:
             return await self._send(lane, args)
         except (RedisConnectionError, RedisTimeoutError, OSError):

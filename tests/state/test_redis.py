@@ -78,6 +78,37 @@ async def test_lease_is_recorded_with_owner_and_expiry(replicas, prefix):
     assert store.held == frozenset()
 
 
+async def test_an_injected_clock_is_the_scripts_time(replicas, prefix):
+    """Tests only (`RedisStore(clock=...)`, issue 39): every script takes the clock's time
+    instead of Redis TIME: leases and entries expire by it, and without a seed the tie
+    between equal engines is broken by its microseconds."""
+    now = [5000.000003]
+    store = replicas("replica-a", clock=lambda: now[0], seed=None, lease_ttl_s=60)
+    a, b = spec("a"), spec("b")
+    first = await store.try_admit(ask(a, b, blocks=3))
+    assert first.engine == "b"  # 3 µs: the second of two tied candidates
+    await store.release(first)
+    now[0] += 1e-6
+    lease = await store.try_admit(ask(a, b, blocks=3))
+    assert lease.engine == "a"  # 4 µs: the first
+    client = aioredis.from_url(redis_url())
+    try:
+        assert await client.zscore(f"{{{prefix}}}:lexp", lease.id) == now[0] + 60
+    finally:
+        await client.aclose()
+    waiting = ask(a, blocks=3)
+    assert await store.enqueue(entry(waiting, {"a"}), max_length=4) == "queued"
+    now[0] += 9.9
+    assert await store.queue_length() == 1
+    now[0] += 0.2  # past the entry's wait (10 s)
+    assert await store.queue_length() == 0
+    store.stop_renewing()  # as a crashed replica: the lease is not renewed
+    now[0] += 49.8
+    assert (await store.totals()).leases == 1
+    now[0] += 0.2  # past the lease's TTL (60 s)
+    assert (await store.totals()).leases == 0
+
+
 async def _script_calls(client: aioredis.Redis) -> dict[str, int]:
     stats = await client.info("commandstats")
     names = ("fcall", "evalsha", "function|load", "script|load")

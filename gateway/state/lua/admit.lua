@@ -1,17 +1,18 @@
 -- try_admit: tenant limits, the fair order, engine capacity and choice, the lease write.
--- ARGV: 3 lease id, 4 replica, 5 lease ttl s, 6 tenant, 7 priority, 8 weight,
---   9 max concurrency, 10 rpm, 11 tpm, 12 tenant max blocks ('' = no limit), 13 tokens,
---   14 queued '1'/'0', 15 tie-break seed ('' = Redis TIME microseconds), 16 scorers (csv),
---   17 the line's burst credit in blocks, 18 headroom (fraction, 0 = off), 19 the active
---   window s, 20 candidate count (or 'g': a grouped ask), 21 the cached block weight
---   (most_free_after), then per candidate 11 values: name, capacity blocks at
---   the ceiling, sequence slots (max_num_seqs + staged), foreign blocks, foreign seqs,
---   healthy '1'/'0', need blocks, need seqs, need prompt blocks, its prefix (the number of
---   a list below, 0 = none), blocks the engine is expected to cache (the replica's index);
---   then the number of prefix lists, and each list as its length and its hashes (hex).
---   A grouped ask (issue 14, docs/engine-index.md) has instead: 22 its group, 23 its KV
---   ceiling, 24 staged '1'/'0', 25-29 its common footprint (blocks, seqs, prompt blocks,
---   prefix list, cached blocks), 30 the number of exceptions, then per exception its
+-- ARGV: 4 lease id, 5 replica, 6 lease ttl s, 7 tenant, 8 priority, 9 weight,
+--   10 max concurrency, 11 rpm, 12 tpm, 13 tenant max blocks ('' = no limit), 14 tokens,
+--   15 queued '1'/'0', 16 tie-break seed ('' = the clock's microseconds: common.lua
+--   `begin`), 17 scorers (csv), 18 the line's burst credit in blocks, 19 headroom
+--   (fraction, 0 = off), 20 the active window s, 21 candidate count (or 'g': a grouped
+--   ask), 22 the cached block weight (most_free_after), then per candidate 11 values:
+--   name, capacity blocks at the ceiling, sequence slots (max_num_seqs + staged), foreign
+--   blocks, foreign seqs, healthy '1'/'0', need blocks, need seqs, need prompt blocks, its
+--   prefix (the number of a list below, 0 = none), blocks the engine is expected to cache
+--   (the replica's index); then the number of prefix lists, and each list as its length
+--   and its hashes (hex).
+--   A grouped ask (issue 14, docs/engine-index.md) has instead: 23 its group, 24 its KV
+--   ceiling, 25 staged '1'/'0', 26-30 its common footprint (blocks, seqs, prompt blocks,
+--   prefix list, cached blocks), 31 the number of exceptions, then per exception its
 --   engine and footprint (6 values); then the prefix lists. The engines are the group's,
 --   as `set_views` and `set_group` (engines.lua) gave them; a group that Redis no longer
 --   holds (its keys expired) gets the reply {'regroup'}.
@@ -23,13 +24,13 @@
 --        | {'refused', code, retry_after_s or '', for queued_ahead: the entry it waits behind,
 --           seconds until that entry's expiry, '1' if it may pass it later (headroom)}
 --        | {'exists', engine, blocks, seqs, replica, prompt blocks, credit}
-local id, replica, lease_ttl = ARGV[3], ARGV[4], tonumber(ARGV[5])
-local tenant, prio, weight = ARGV[6], tonumber(ARGV[7]), tonumber(ARGV[8])
-local max_conc, rpm, tpm = opt(ARGV[9]), opt(ARGV[10]), opt(ARGV[11])
-local max_blocks, tokens, queued = opt(ARGV[12]), tonumber(ARGV[13]), ARGV[14] == '1'
-local seed = opt(ARGV[15]) or USEC
-local burst = tonumber(ARGV[17])
-local headroom, window = tonumber(ARGV[18]), tonumber(ARGV[19])
+local id, replica, lease_ttl = ARGV[4], ARGV[5], tonumber(ARGV[6])
+local tenant, prio, weight = ARGV[7], tonumber(ARGV[8]), tonumber(ARGV[9])
+local max_conc, rpm, tpm = opt(ARGV[10]), opt(ARGV[11]), opt(ARGV[12])
+local max_blocks, tokens, queued = opt(ARGV[13]), tonumber(ARGV[14]), ARGV[15] == '1'
+local seed = opt(ARGV[16]) or USEC
+local burst = tonumber(ARGV[18])
+local headroom, window = tonumber(ARGV[19]), tonumber(ARGV[20])
 
 reap_leases()
 expire_queue()
@@ -68,21 +69,21 @@ local own = queued and entry(id) or nil -- this ask's entry in the line
 local chosen = nil -- the candidate the lease goes to
 do -- the choice (its locals end here: a script prepended with common.lua has at most 200)
   local scorers = {}
-  for name in string.gmatch(ARGV[16], '[^,]+') do scorers[#scorers + 1] = name end
+  for name in string.gmatch(ARGV[17], '[^,]+') do scorers[#scorers + 1] = name end
   local nscore = #scorers
-  local cached_weight = tonumber(ARGV[21])
+  local cached_weight = tonumber(ARGV[22])
 
   -- The prefix lists (each sent once), after the candidates or the grouped ask's fields.
-  local grouped = ARGV[20] == 'g'
-  local count = grouped and 0 or tonumber(ARGV[20])
+  local grouped = ARGV[21] == 'g'
+  local count = grouped and 0 or tonumber(ARGV[21])
   local lists, at = {}, nil
   local g, ceiling, staged, need_f, exc, sums = nil, nil, nil, nil, {}, nil
   if grouped then
-    g, ceiling, staged = ARGV[22], tonumber(ARGV[23]), ARGV[24] == '1'
-    local nexc = tonumber(ARGV[30])
-    at = 31 + nexc * 6
+    g, ceiling, staged = ARGV[23], tonumber(ARGV[24]), ARGV[25] == '1'
+    local nexc = tonumber(ARGV[31])
+    at = 32 + nexc * 6
   else
-    at = 22 + count * 11
+    at = 23 + count * 11
   end
   for j = 1, tonumber(ARGV[at]) do
     local n, list = tonumber(ARGV[at + 1]), {}
@@ -126,14 +127,14 @@ do -- the choice (its locals end here: a script prepended with common.lua has at
         h = lists[tonumber(ARGV[base + 3])], cached = tonumber(ARGV[base + 4]),
       }
     end
-    need_f = footprint(25)
-    for i = 0, tonumber(ARGV[30]) - 1 do
-      local base = 31 + i * 6
+    need_f = footprint(26)
+    for i = 0, tonumber(ARGV[31]) - 1 do
+      local base = 32 + i * 6
       exc[#exc + 1] = {name = ARGV[base], f = footprint(base + 1)}
     end
   else
     for i = 0, count - 1 do
-      local base = 22 + i * 11
+      local base = 23 + i * 11
       cands[#cands + 1] = {
         name = ARGV[base], cap = tonumber(ARGV[base + 1]), max_seqs = tonumber(ARGV[base + 2]),
         for_b = tonumber(ARGV[base + 3]), for_s = tonumber(ARGV[base + 4]),
@@ -540,7 +541,7 @@ do -- the choice (its locals end here: a script prepended with common.lua has at
       end
       if room then
         local score = score_of(c, free, running)
-        if score == nil then return redis.error_reply('unknown scorer in ' .. ARGV[16]) end
+        if score == nil then return redis.error_reply('unknown scorer in ' .. ARGV[17]) end
         local cmp = best and compare(score, best) or 1
         if cmp > 0 then
           best, ties = score, {c}

@@ -68,7 +68,8 @@
 --  25 touch   STRING the TTL clock (always the last key): set by each full `touch` for 1 %
 --                   of the key TTL; while it lives, a call checks the TTLs of only the keys it
 --                   may have created
--- ARGV[1] key TTL (s), ARGV[2] change channel; the script's own arguments follow.
+-- ARGV[1] key TTL (s), ARGV[2] change channel, ARGV[3] the time ('' = Redis TIME; tests
+-- give their clock's, `RedisStore(clock=...)`); the script's own arguments follow.
 
 -- The standard functions as upvalues, bound by `begin` at each call: a script's globals are
 -- looked up through Redis's protected global table (a loop of 2,000 `tonumber` and
@@ -124,9 +125,14 @@ local function begin(keys, argv)
   K_TOUCH = keys[#keys] -- the TTL clock is the last key (redis.py KEY_NAMES)
   KEY_TTL_MS = math.floor(tonumber(argv[1]) * 1000)
   CHANNEL = argv[2]
-  local clock = redis.call('TIME')
-  NOW = tonumber(clock[1]) + tonumber(clock[2]) / 1e6
-  USEC = tonumber(clock[2])
+  if argv[3] == '' then
+    local clock = redis.call('TIME')
+    NOW = tonumber(clock[1]) + tonumber(clock[2]) / 1e6
+    USEC = tonumber(clock[2])
+  else -- a test's clock: the same seconds the in-process store is given
+    NOW = tonumber(argv[3])
+    USEC = math.floor(NOW * 1e6 + 0.5) % 1000000
+  end
   released, departed, moved = false, {}, {}
   records = {}
   vnow = {}

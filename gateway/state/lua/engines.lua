@@ -1,14 +1,14 @@
 -- engines: what grouped asks are decided on (issue 14, docs/engine-index.md).
--- ARGV 3 'views', then per engine 7 values: name, usable blocks, max_num_seqs, staged seqs,
+-- ARGV 4 'views', then per engine 7 values: name, usable blocks, max_num_seqs, staged seqs,
 --   foreign blocks, foreign seqs, healthy '1'/'0'. Each engine is moved in its groups.
 --   Reply: the number of views.
--- ARGV 3 'group', 4 its name, 5 its KV ceiling, then its engines (sorted): the group is
+-- ARGV 4 'group', 5 its name, 6 its KV ceiling, then its engines (sorted): the group is
 --   made afresh from the views and loads held (unless it is already so), and stamped as
 --   used (common.lua `eng.stamp`). Reply 1 if made, 0 if it was already so.
-local what = ARGV[3]
+local what = ARGV[4]
 if what == 'views' then
   local n = 0
-  for i = 4, #ARGV, 7 do
+  for i = 5, #ARGV, 7 do
     local name = ARGV[i]
     hset(K_VIEWS, name, table.concat({ARGV[i + 1], ARGV[i + 2], ARGV[i + 3], ARGV[i + 4],
       ARGV[i + 5], ARGV[i + 6]}, ','))
@@ -17,9 +17,9 @@ if what == 'views' then
   end
   return finish(n)
 elseif what == 'group' then
-  local g, ceiling = ARGV[4], ARGV[5]
+  local g, ceiling = ARGV[5], ARGV[6]
   local names = {}
-  for i = 6, #ARGV do names[#names + 1] = ARGV[i] end
+  for i = 7, #ARGV do names[#names + 1] = ARGV[i] end
   local members = table.concat(names, '\n')
   local was = redis.call('HMGET', K_GRP, g, g .. ':m')
   if was[1] == ceiling and was[2] == members then

@@ -1,13 +1,13 @@
--- enqueue: ARGV 3 id, 4 tenant, 5 priority, 6 weight, 7 blocks, 8 max wait s,
---   9 max length, 10 tenant cap ('' = none), 11 TTL for the keys (covers the wait),
---   12 the line's burst credit in blocks, 13 headroom (0 = off), 14 the active window s,
---   15 the owner replica, 16 its lease ttl s (the entry lives that long unless renewed),
+-- enqueue: ARGV 4 id, 5 tenant, 6 priority, 7 weight, 8 blocks, 9 max wait s,
+--   10 max length, 11 tenant cap ('' = none), 12 TTL for the keys (covers the wait),
+--   13 the line's burst credit in blocks, 14 headroom (0 = off), 15 the active window s,
+--   16 the owner replica, 17 its lease ttl s (the entry lives that long unless renewed),
 --   then the engine names. Reply: 'queued' | 'queue_full' | 'tenant_queue_full'.
-local id, tenant, prio, weight = ARGV[3], ARGV[4], tonumber(ARGV[5]), tonumber(ARGV[6])
-local blocks, max_wait, max_length = tonumber(ARGV[7]), tonumber(ARGV[8]), tonumber(ARGV[9])
-local cap, ttl, burst = opt(ARGV[10]), tonumber(ARGV[11]), tonumber(ARGV[12])
-local headroom, window = tonumber(ARGV[13]), tonumber(ARGV[14])
-local owner, lease_ttl = ARGV[15], tonumber(ARGV[16])
+local id, tenant, prio, weight = ARGV[4], ARGV[5], tonumber(ARGV[6]), tonumber(ARGV[7])
+local blocks, max_wait, max_length = tonumber(ARGV[8]), tonumber(ARGV[9]), tonumber(ARGV[10])
+local cap, ttl, burst = opt(ARGV[11]), tonumber(ARGV[12]), tonumber(ARGV[13])
+local headroom, window = tonumber(ARGV[14]), tonumber(ARGV[15])
+local owner, lease_ttl = ARGV[16], tonumber(ARGV[17])
 expire_queue()
 touch(math.floor(ttl * 1000))
 if redis.call('HEXISTS', K_QENT, id) == 1 then return finish('queued') end
@@ -25,7 +25,7 @@ if headroom > 0 then
   end
 end
 local engines = {}
-for i = 17, #ARGV do engines[#engines + 1] = ARGV[i] end
+for i = 18, #ARGV do engines[#engines + 1] = ARGV[i] end
 push(id, tenant, prio, weight, engines, blocks, NOW + max_wait, owner, lease_ttl, burst)
 if headroom > 0 then
   local held = num(redis.call('HGET', K_TEN, 'k:' .. tenant))

@@ -1,4 +1,4 @@
--- renew: ARGV 3 lease ttl s, 4 the number N of queue entries, then N entry ids (this
+-- renew: ARGV 4 lease ttl s, 5 the number N of queue entries, then N entry ids (this
 -- replica's waiters: each stays `lease ttl` more, never past its deadline), then pairs
 -- (lease id, lease json as admit.lua wrote it).
 -- A lease that Redis no longer has (lost in a restart, or expired while its renewals failed)
@@ -8,10 +8,10 @@
 -- dropped (common.lua `eng.sweep`). Reply: the ids written again.
 reap_leases()
 expire_queue()
-local ttl, restored = tonumber(ARGV[3]), {}
-local entries = tonumber(ARGV[4])
-for i = 5, 4 + entries do renew_entry(ARGV[i], ttl) end
-for i = 5 + entries, #ARGV - 1, 2 do
+local ttl, restored = tonumber(ARGV[4]), {}
+local entries = tonumber(ARGV[5])
+for i = 6, 5 + entries do renew_entry(ARGV[i], ttl) end
+for i = 6 + entries, #ARGV - 1, 2 do
   local id = ARGV[i]
   if redis.call('ZADD', K_LEXP, 'XX', 'CH', NOW + ttl, id) == 0 -- XX: never creates
       and not redis.call('ZSCORE', K_LEXP, id)
