@@ -3,8 +3,8 @@
     .venv/bin/python benchmarks/bench_jitter.py [--steps 600] [--times 20000]
 
 A p99 target for a decision of a few tens of µs is bounded below by this: on a shared VM the
-same arithmetic loop has a p99 two or more times its p50 (docs/benchmarks.md, "engines kept
-ordered"). Prints figures; asserts nothing.
+same arithmetic loop has a p99 two or more times its p50 (docs/benchmarks.md, "Admission at
+scale"). Prints figures; asserts nothing.
 """
 
 from __future__ import annotations

@@ -69,7 +69,7 @@ class Child:
     session is scheduled as one entity, and a child in a session of its own gets a fixed
     share of a contended CPU whatever its thread count. On a 2-core machine that put vLLM's
     API server behind its own engine's threads and made the first tokens of every target
-    arrive ~0.5 s late (docs/benchmarks.md, "the parity test's slow first tokens").
+    arrive ~0.5 s late (docs/benchmarks.md, "On the real engine").
     """
 
     what = "process"

@@ -19,7 +19,7 @@ group of its own): in a session of their own, CFS autogroup gave the engine's wh
 share of a contended core and every target's first token came ~0.5 s late (the gateway's
 most: 0.73-0.95x of direct). Since then, and with foreign load re-scraped while it keeps a
 request waiting (`EnginePool.want_fresh`), the gateway carried 0.93-1.01x of direct in six
-runs on 2026-12-02 (docs/benchmarks.md, "the parity test's slow first tokens, found"). The
+runs on 2026-12-02 (docs/benchmarks.md, "On the real engine"). The
 test asserts 0.85x of direct and of the relay, room for this machine's spread, and prints
 the figures against the issue's 0.95x.
 
