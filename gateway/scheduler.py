@@ -16,6 +16,7 @@ from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Literal, Protocol
 
+from gateway.core.deadline import Unattainable, Verdict, Wait
 from gateway.core.retry import ReleaseRate, RetryAdvice, RetryForecast, Room
 from gateway.core.routing import Candidate
 from gateway.core.types import DEFAULT_TENANT, EngineLoad, EngineView, Footprint, TenantPolicy
@@ -100,6 +101,11 @@ class Ask:
     exceptions: tuple[tuple[str, Footprint], ...] = field(init=False, repr=False, compare=False)
     # The engines where its footprint carries prefix hashes the store may credit.
     prefixed: frozenset[str] = field(init=False, repr=False, compare=False)
+    # The deadline gate (core/deadline.py), asked before each decision with the seconds
+    # waited so far: the engines that meet the request's latency targets now (None: no
+    # gate, every engine of `needs`). `targeted`: the request has a TTFT or TPOT target.
+    gate: Callable[[float], Verdict] | None = field(default=None, repr=False, compare=False)
+    targeted: bool = field(default=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "engines", frozenset(self.needs))
@@ -110,6 +116,12 @@ class Ask:
         exceptions = tuple(sorted((n, f) for n, f in self.needs.items() if f != need))
         object.__setattr__(self, "need", need)
         object.__setattr__(self, "exceptions", exceptions)
+
+    def only(self, engines: Collection[str]) -> Ask:
+        """This ask on `engines` alone (those of its engines the deadline gate left)."""
+        if len(engines) == len(self.needs):
+            return self
+        return replace(self, needs={n: f for n, f in self.needs.items() if n in engines})
 
     def uncached(self, engines: Collection[str]) -> Ask:
         """This ask with no prefix credit nor cache hit expected on `engines`."""
@@ -166,6 +178,8 @@ class Scheduler:
         self.tally = tally
         self.waiting: dict[str, float] = {}
         """This process's requests in the line, by ask id: when each began to wait."""
+        self.targeted_waiting = 0
+        """How many of them have latency targets (best effort yields to them)."""
         # Engine sets named in the store: each its group and when an ask last used it, the
         # least recently used first.
         self._groups: dict[frozenset[str], tuple[str, float]] = {}
@@ -177,14 +191,16 @@ class Scheduler:
         claimed = self.forecast.claim(self.clock())  # a retry advised to come back now?
         # `leftover`: something of this ask may be in the store (a queue entry, or a lease
         # written by a call the client's departure cut short); handed back unless placed.
-        placed = leftover = False
+        placed = leftover = targeted = False
         left: LineOutcome = "failed"  # if it waited: how it left the line, unless placed
+        arrived = self.clock()
         try:
-            first = await self._try(ask, queued=False)
+            first = await self._gated(ask, queued=False, waited_s=0.0)
             if isinstance(first, Lease):
                 placed = True
                 return first
-            await self._refuse_unless_waitable(ask, first)
+            if isinstance(first, Refusal):
+                await self._refuse_unless_waitable(ask, first)
             entry = QueueEntry(ask.id, ask.tenant, ask.engines, ask.blocks, self.max_wait_s)
             leftover = True  # until the store says no: its answer may be lost (Redis timeout)
             places = self._line_places(claimed)
@@ -205,14 +221,19 @@ class Scheduler:
                     retry=await self._advice(ask, queued=False),
                 )
             self.waiting[ask.id] = self.clock()
+            if ask.targeted:
+                targeted = True
+                self.targeted_waiting += 1
             deadline = self.clock() + self.max_wait_s
             while True:
                 stage = deadline - self.clock() > self.max_wait_s * STAGE_WITHIN
-                result = await self._try(ask, queued=True, stage=stage)
+                waited = self.clock() - arrived
+                result = await self._gated(ask, queued=True, stage=stage, waited_s=waited)
                 if isinstance(result, Lease):
                     placed = True
                     return result
-                await self._refuse_unless_waitable(ask, result)
+                if isinstance(result, Refusal):
+                    await self._refuse_unless_waitable(ask, result)
                 self._require_healthy(ask)
                 remaining = deadline - self.clock()
                 if remaining <= 0:
@@ -222,7 +243,11 @@ class Scheduler:
                         code="queue_timeout",
                         retry=await self._advice(ask, queued=True),
                     )
-                await self._pause(ask, result, remaining)
+                if isinstance(result, Wait):  # no engine meets its targets yet
+                    within = min(remaining, POLL_S, result.for_s)
+                    await self.store.wait_for_change(max(within, 0.0))
+                else:
+                    await self._pause(ask, result, remaining)
         except GatewayError:
             left = "refused"
             raise
@@ -231,6 +256,7 @@ class Scheduler:
             left = "abandoned"
             raise
         finally:
+            self.targeted_waiting -= targeted
             if self.waiting.pop(ask.id, None) is not None and self.tally is not None:
                 self.tally.left_line("admitted" if placed else left)
             if leftover and not placed:
@@ -309,6 +335,33 @@ class Scheduler:
     def _caches(self, name: str) -> bool:
         state = self.pool.get(name)
         return state is not None and state.spec.prefix_caching
+
+    async def _gated(
+        self, ask: Ask, *, queued: bool, waited_s: float, stage: bool = True
+    ) -> Lease | Refusal | Wait:
+        """One decision behind the deadline gate: on the engines that meet the request's
+        latency targets now; `Wait` when none does yet; a 429 `slo_unattainable` when it
+        cannot meet its TTFT target on any engine, even an idle one."""
+        if ask.gate is None:
+            return await self._try(ask, queued=queued, stage=stage)
+        verdict = ask.gate(waited_s)
+        if isinstance(verdict, Wait):
+            return verdict
+        if isinstance(verdict, Unattainable):
+            best = (
+                "no engine serves it"
+                if verdict.best_ttft_s == float("inf")
+                else (
+                    f"the fastest engine would take {verdict.best_ttft_s:.3g} s with nothing ahead"
+                )
+            )
+            raise RateLimited(
+                f"This request cannot get its first token within its service class's target "
+                f"({max(verdict.left_s, 0.0):.3g} s left of it): {best}.",
+                code="slo_unattainable",
+                retry=await self._advice(ask, queued=queued, promise=False),
+            )
+        return await self._try(ask.only(verdict.engines), queued=queued, stage=stage)
 
     async def _try(self, ask: Ask, *, queued: bool, stage: bool = True) -> Lease | Refusal:
         """One decision, as a grouped ask (`AdmissionAsk.group`): the store is first given

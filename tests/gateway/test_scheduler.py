@@ -437,3 +437,81 @@ async def test_prefix_credit_goes_only_to_an_engine_that_caches_as_seen_at_each_
         assert (await store.loads())["e"].reserved_blocks == 6  # the second never got in
     await sched.release(first)
     assert (await store.loads()).get("e") in (None, EngineLoad())
+
+
+# The deadline gate (issue 40): asked before each decision; the store sees only the engines
+# it leaves, waits while it says Wait, and a request it finds unattainable is refused at once.
+
+TWO = (
+    EngineSpec("a", "http://a", frozenset({"m"}), 11, 16, 8, 2048),
+    EngineSpec("b", "http://b", frozenset({"m"}), 11, 16, 8, 2048),
+)
+
+
+def gated_ask(gate, blocks=2):
+    needs = {e.name: Footprint(blocks, 1, blocks * 16) for e in TWO}
+    return Ask(id=f"g-{random.random()}", needs=needs, gate=gate, targeted=True)
+
+
+async def test_the_store_sees_only_the_engines_the_gate_leaves():
+    from gateway.core.deadline import Eligible
+
+    store = InMemoryStore(Router(), random.Random(0))
+    s = scheduler(store, pool=EnginePool(list(TWO)))
+    seen = []
+
+    def gate(waited_s):
+        seen.append(waited_s)
+        return Eligible(frozenset({"b"}))
+
+    leases = [await s.admit(gated_ask(gate)) for _ in range(3)]
+    assert {lease.engine for lease in leases} == {"b"}  # "a" had as much room: not asked
+    assert seen == [0.0, 0.0, 0.0]
+
+
+async def test_waits_while_the_gate_says_wait_then_goes():
+    from gateway.core.deadline import Eligible, Wait
+
+    store = InMemoryStore(Router(), random.Random(0))
+    s = scheduler(store, pool=EnginePool(list(TWO)))
+    calls = []
+
+    def gate(waited_s):
+        calls.append(waited_s)
+        return Wait(5.0) if len(calls) < 3 else Eligible(frozenset({"a"}))
+
+    lease = await asyncio.wait_for(s.admit(gated_ask(gate)), 5)
+    assert lease.engine == "a" and len(calls) == 3
+    assert calls[0] == 0.0 and calls[1] > 0.0 and calls[2] >= calls[1]
+    assert await store.queue_length() == 0 and s.targeted_waiting == 0
+
+
+async def test_unattainable_is_refused_at_once_with_its_code():
+    from gateway.core.deadline import Unattainable
+
+    store = InMemoryStore(Router(), random.Random(0))
+    s = scheduler(store, pool=EnginePool(list(TWO)))
+    started = time.monotonic()
+    with pytest.raises(RateLimited) as e:
+        await s.admit(gated_ask(lambda waited: Unattainable(1.4, 1.0)))
+    assert e.value.code == "slo_unattainable"
+    assert "1.4 s" in str(e.value) and int(e.value.headers["retry-after"]) >= 1
+    assert time.monotonic() - started < 1.0  # not after waiting
+    assert await store.queue_length() == 0
+
+
+async def test_a_waiting_request_is_refused_when_its_deadline_is_gone():
+    from gateway.core.deadline import Unattainable, Wait
+
+    store = InMemoryStore(Router(), random.Random(0))
+    s = scheduler(store, pool=EnginePool(list(TWO)), max_wait_s=30.0)
+
+    def gate(waited_s):
+        return Wait(0.2 - waited_s) if waited_s < 0.2 else Unattainable(0.1, 0.3 - waited_s)
+
+    started = time.monotonic()
+    with pytest.raises(RateLimited) as e:
+        await s.admit(gated_ask(gate))
+    assert e.value.code == "slo_unattainable"
+    assert 0.2 <= time.monotonic() - started < 2.0  # at its deadline, not max_wait_s
+    assert await store.queue_length() == 0 and s.targeted_waiting == 0
