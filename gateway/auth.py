@@ -1,5 +1,6 @@
 """API keys: a client's key → its tenant (with no tenants configured everyone is the default
-tenant), and an operator's key → access to the admin surface (`/admin/*`, `/metrics`).
+tenant), and an operator's key → access to the admin surface (`/admin/*`, `/metrics`). A
+tenant's requests get its service class, or one of the classes it may name in `slo.header`.
 
 Keys are held as sha256 digests; a presented key is compared against every digest in
 constant time, whatever matches.
@@ -10,9 +11,11 @@ from __future__ import annotations
 import hashlib
 import hmac
 
-from gateway.config import AdminConfig, TenantConfig
-from gateway.core.types import DEFAULT_TENANT, TenantPolicy
-from gateway.errors import Forbidden, Unauthorized
+from gateway.config import AdminConfig, SloConfig, TenantConfig
+from gateway.core.types import DEFAULT_TENANT, ServiceClass, TenantPolicy
+from gateway.errors import BadRequest, Forbidden, Unauthorized
+
+NO_SLO = SloConfig()
 
 
 def presented_digest(authorization: str | None) -> bytes:
@@ -27,7 +30,11 @@ def presented_digest(authorization: str | None) -> bytes:
     return hashlib.sha256(key.strip().encode()).digest()
 
 
-def policy_of(t: TenantConfig) -> TenantPolicy:
+def policy_of(t: TenantConfig, slo: SloConfig = NO_SLO) -> TenantPolicy:
+    """`t`'s contract, its service classes resolved in `slo` (the configuration validated
+    that they are there): its own (else `slo.default_class`), and those it may name."""
+    own = t.service_class or slo.default_class
+    names = dict.fromkeys([*([own] if own else []), *t.service_classes])
     return TenantPolicy(
         name=t.name,
         max_concurrency=t.max_concurrency,
@@ -37,20 +44,38 @@ def policy_of(t: TenantConfig) -> TenantPolicy:
         priority=t.priority,
         weight=t.weight,
         max_queued=t.max_queued,
+        service_class=slo.service_class(own) if own else None,
+        service_classes=tuple(slo.service_class(name) for name in names),
+    )
+
+
+def default_policy(slo: SloConfig = NO_SLO) -> TenantPolicy:
+    """Everyone's tenant when no tenants are configured: `slo.default_class`, and any class
+    may be named (without keys nobody can be told apart)."""
+    if not slo.classes:
+        return DEFAULT_TENANT
+    return TenantPolicy(
+        name=DEFAULT_TENANT.name,
+        service_class=slo.service_class(slo.default_class) if slo.default_class else None,
+        service_classes=tuple(slo.service_class(name) for name in slo.classes),
     )
 
 
 class Authenticator:
-    def __init__(self, tenants: list[TenantConfig]) -> None:
+    def __init__(self, tenants: list[TenantConfig], slo: SloConfig = NO_SLO) -> None:
         self._keys: list[tuple[bytes, TenantPolicy]] = []
-        self.load(tenants)
+        self._default = DEFAULT_TENANT
+        self.class_header = slo.header.encode("latin-1")
+        self.load(tenants, slo)
 
-    def load(self, tenants: list[TenantConfig]) -> None:
-        """Take these tenants' keys and limits, in place of the ones held (SIGHUP reload):
-        requests that arrive from now on are authenticated against them."""
+    def load(self, tenants: list[TenantConfig], slo: SloConfig = NO_SLO) -> None:
+        """Take these tenants' keys, limits and service classes, in place of the ones held
+        (SIGHUP reload): requests that arrive from now on are authenticated against them."""
         self._keys = [
-            (bytes.fromhex(digest), policy_of(t)) for t in tenants for digest in t.api_keys
+            (bytes.fromhex(digest), policy_of(t, slo)) for t in tenants for digest in t.api_keys
         ]
+        self._default = default_policy(slo)
+        self.class_header = slo.header.encode("latin-1")
 
     @property
     def enabled(self) -> bool:
@@ -59,7 +84,7 @@ class Authenticator:
     def tenant(self, authorization: str | None) -> TenantPolicy:
         """The tenant of an `Authorization: Bearer <key>` header; raises `Unauthorized`."""
         if not self._keys:
-            return DEFAULT_TENANT
+            return self._default
         presented = presented_digest(authorization)
         found: TenantPolicy | None = None
         # Compare against every key, in constant time each, whatever matches.
@@ -69,6 +94,28 @@ class Authenticator:
         if found is None:
             raise Unauthorized("Incorrect API key provided.")
         return found
+
+    def service_class(self, tenant: TenantPolicy, named: str | None) -> ServiceClass | None:
+        """The service class of `tenant`'s request that names `named` in `class_header`
+        (None: names none, so the tenant's own); raises `BadRequest` (400
+        `invalid_service_class`) for a class the tenant may not name."""
+        if named is None:
+            return tenant.service_class
+        found = tenant.allowed_class(named)
+        if found is None:
+            allowed = ", ".join(sorted({c.name for c in tenant.service_classes} | _own(tenant)))
+            shown = named if len(named) <= 64 else named[:64] + "…"
+            raise BadRequest(
+                f"The service class {shown!r} ({self.class_header.decode()}) is not one this "
+                f"API key may use; it may use: {allowed or 'none'}.",
+                code="invalid_service_class",
+                param=self.class_header.decode(),
+            )
+        return found
+
+
+def _own(tenant: TenantPolicy) -> set[str]:
+    return set() if tenant.service_class is None else {tenant.service_class.name}
 
 
 class AdminGate:

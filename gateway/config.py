@@ -8,6 +8,7 @@ are documented in docs/configuration.md (tests/gateway/test_configuration_doc.py
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
@@ -15,8 +16,10 @@ from urllib.parse import urlsplit
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from gateway.core.latency import StepCosts
 from gateway.core.reservation import AdaptivePolicy, PredictionPolicy
 from gateway.core.routing import DEFAULT_CACHED_BLOCK_WEIGHT, DEFAULT_SCORERS, SCORERS
+from gateway.core.types import ServiceClass
 
 TOKENIZER_KINDS = ("tiktoken:", "hf:", "engine", "estimate", "estimate:")
 
@@ -29,6 +32,47 @@ class ConfigError(ValueError):
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+Milliseconds = Annotated[float, Field(ge=0, allow_inf_nan=False)]
+
+
+class StepCostsConfig(_Strict):
+    """An engine's step costs in the step model of docs/latency.md, in milliseconds: what
+    predictions start from until the engine's own figures calibrate them."""
+
+    base_ms: Milliseconds = 10.0  # per engine step
+    per_seq_ms: Milliseconds = 0.5  # per sequence scheduled in a step
+    per_prefill_token_ms: Milliseconds = 0.05  # per prompt token computed
+    # vLLM's max_num_batched_tokens: the tokens one step computes at most (its online
+    # server's default on most GPUs; 8192 on large ones).
+    chunk_tokens: PositiveInt = 2048
+    overhead_ms: Milliseconds = 5.0  # per request, outside the steps (API server, network)
+
+    def costs(self) -> StepCosts:
+        """These costs as the core's `StepCosts` (seconds)."""
+        return StepCosts(
+            base_s=self.base_ms / 1000,
+            per_seq_s=self.per_seq_ms / 1000,
+            per_prefill_token_s=self.per_prefill_token_ms / 1000,
+            chunk_tokens=self.chunk_tokens,
+            overhead_s=self.overhead_ms / 1000,
+        )
+
+
+class EngineStepCostsConfig(_Strict):
+    """One engine's step costs where they differ from `slo.step_costs` (null: its value)."""
+
+    base_ms: Milliseconds | None = None
+    per_seq_ms: Milliseconds | None = None
+    per_prefill_token_ms: Milliseconds | None = None
+    chunk_tokens: PositiveInt | None = None
+    overhead_ms: Milliseconds | None = None
+
+    def over(self, base: StepCostsConfig) -> StepCostsConfig:
+        """`base` with the costs set here in its place."""
+        mine = {k: v for k, v in self.model_dump().items() if v is not None}
+        return base.model_copy(update=mine)
 
 
 class EngineConfig(_Strict):
@@ -59,6 +103,8 @@ class EngineConfig(_Strict):
     # unknown. A request is credited with prompt blocks other requests hold on an engine,
     # and routed by what the engine caches, only where this is true.
     prefix_caching: bool | None = None
+    # Its step costs where they differ from slo.step_costs (another GPU, another model).
+    step_costs: EngineStepCostsConfig | None = None
 
     @field_validator("platform")
     @classmethod
@@ -349,6 +395,10 @@ class TenantConfig(_Strict):
     priority: int = 0
     weight: float = Field(default=1.0, gt=0)
     max_queued: int | None = Field(default=None, ge=0)
+    # Its requests' service class when they name none (null: slo.default_class), and the
+    # classes they may name in slo.header (its own always).
+    service_class: str | None = None
+    service_classes: list[str] = Field(default_factory=list)
 
     @field_validator("api_keys")
     @classmethod
@@ -423,6 +473,70 @@ class HealthConfig(_Strict):
     busy_grace_s: float = Field(default=30.0, ge=0)
 
 
+Target = Annotated[float, Field(gt=0, allow_inf_nan=False)]
+CLASS_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+HEADER_NAME = re.compile(r"[a-z0-9!#$%&'*+.^_`|~-]+")
+READ_HEADERS = frozenset(
+    {"authorization", "content-length", "content-type", "host", "transfer-encoding", "x-request-id"}
+)
+"""Headers that already mean something to the gateway or to HTTP: not a class header."""
+
+
+class ServiceClassConfig(_Strict):
+    """A service class's targets, in seconds; none set: best effort."""
+
+    ttft_s: Target | None = None  # arrival at the gateway → first token
+    tpot_s: Target | None = None  # (end − first token) / (output tokens − 1)
+
+
+class SloConfig(_Strict):
+    """Service classes (latency targets per tenant, docs/admission.md) and the step costs
+    the latency model starts from (docs/latency.md)."""
+
+    classes: dict[str, ServiceClassConfig] = Field(default_factory=dict)
+    # The class of tenants that name none (and of everyone when no tenants are configured).
+    default_class: str | None = None
+    # The request header that names a class (one of the tenant's).
+    header: str = "x-kv-gateway-service-class"
+    step_costs: StepCostsConfig = StepCostsConfig()
+    calibrate: bool = True  # learn each engine's step costs from what it serves
+
+    @field_validator("classes")
+    @classmethod
+    def _class_names(cls, classes: dict[str, ServiceClassConfig]) -> dict[str, ServiceClassConfig]:
+        bad = [name for name in classes if not CLASS_NAME.fullmatch(name)]
+        if bad:
+            raise ValueError(
+                f"a class name is a letter or digit, then up to 63 letters, digits, '_', '.' "
+                f"or '-': not {bad}"
+            )
+        return classes
+
+    @field_validator("header")
+    @classmethod
+    def _header_name(cls, header: str) -> str:
+        name = header.strip().lower()
+        if not HEADER_NAME.fullmatch(name):
+            raise ValueError(f"must be an HTTP header name, got {header!r}")
+        if name in READ_HEADERS:
+            raise ValueError(f"{name!r} already means something else; name another header")
+        return name
+
+    @model_validator(mode="after")
+    def _default_exists(self) -> SloConfig:
+        if self.default_class is not None and self.default_class not in self.classes:
+            raise ValueError(
+                f"slo.default_class {self.default_class!r} is not in slo.classes "
+                f"{sorted(self.classes)}"
+            )
+        return self
+
+    def service_class(self, name: str) -> ServiceClass:
+        """The configured class `name` (KeyError if there is none)."""
+        targets = self.classes[name]
+        return ServiceClass(name, ttft_s=targets.ttft_s, tpot_s=targets.tpot_s)
+
+
 class GatewayConfig(_Strict):
     engines: list[EngineConfig] = Field(min_length=1)
     models: list[ModelConfig] = Field(default_factory=list)
@@ -436,6 +550,7 @@ class GatewayConfig(_Strict):
     tenants: list[TenantConfig] = Field(default_factory=list)
     admin: AdminConfig = AdminConfig()
     redis: RedisConfig | None = None
+    slo: SloConfig = SloConfig()
 
     @model_validator(mode="after")
     def _unique_names(self) -> GatewayConfig:
@@ -462,6 +577,27 @@ class GatewayConfig(_Strict):
                 "prefix_cache.index_entries > 0"
             )
         return self
+
+    @model_validator(mode="after")
+    def _known_classes(self) -> GatewayConfig:
+        known = self.slo.classes
+        for i, t in enumerate(self.tenants):
+            named = [("service_class", t.service_class)] if t.service_class is not None else []
+            named += [(f"service_classes.{j}", c) for j, c in enumerate(t.service_classes)]
+            for key, name in named:
+                if name not in known:
+                    raise ValueError(
+                        f"tenants.{i}.{key}: {name!r} is not in slo.classes {sorted(known)}"
+                    )
+        return self
+
+    def step_costs_for(self, engine_name: str) -> StepCosts:
+        """The step costs `engine_name` starts from: its own `step_costs` over
+        `slo.step_costs`, or those alone (an engine not in the file, e.g. from a source)."""
+        for e in self.engines:
+            if e.display_name == engine_name and e.step_costs is not None:
+                return e.step_costs.over(self.slo.step_costs).costs()
+        return self.slo.step_costs.costs()
 
     def tokenizer_for(self, model: str) -> str:
         return self.model_settings(model).tokenizer

@@ -52,7 +52,7 @@ from typing import Protocol
 
 from gateway.core.retry import RetryAdvice
 from gateway.core.tenants import RateLimitValues
-from gateway.core.types import DEFAULT_TENANT, EngineSpec, TenantPolicy
+from gateway.core.types import DEFAULT_TENANT, EngineSpec, ServiceClass, TenantPolicy
 from gateway.engines.pool import EnginePool
 from gateway.errors import (
     EndpointNotServed,
@@ -61,7 +61,7 @@ from gateway.errors import (
     RateLimited,
     UpstreamUnavailable,
 )
-from gateway.metrics import REFUSED_STATUSES, GatewayMetrics
+from gateway.metrics import REFUSED_STATUSES, SLO_UNATTAINABLE, GatewayMetrics
 from gateway.request import Inbound, Kind
 from gateway.service import Admitted, Service
 from gateway.state.base import Lease
@@ -220,6 +220,11 @@ class Exchange:
         # Provably no tokens generated: the engine could not be reached, or answered an error.
         self._nothing_generated = False
 
+    @property
+    def service_class(self) -> ServiceClass | None:
+        """The latency contract the request is held to (None: none, or not opened yet)."""
+        return None if self._inbound is None else self._inbound.service_class
+
     def identify(self, tenant: TenantPolicy) -> None:
         """The request's tenant, once its key is checked: from here on it is counted as the
         tenant's (a request refused before, e.g. for a wrong key, belongs to no tenant)."""
@@ -236,6 +241,8 @@ class Exchange:
         self._waited = desk.clock() - self.arrived
         desk.metrics.admission_wait.labels(self.model).observe(self._waited)
         desk.metrics.admitted(tenant.name)  # and in flight until `_account`
+        if inbound.service_class is not None:
+            desk.metrics.slo(inbound.service_class.name, "admitted")
         self._in_flight = True
         self.lease = admitted.lease
         admitted, response = await self._send_with_failover(admitted, body)
@@ -392,6 +399,8 @@ class Exchange:
                 completion_tokens=completion,
                 refused=self._refused,
             )
+        if self._refused == SLO_UNATTAINABLE and self.service_class is not None:
+            metrics.slo(self.service_class.name, "refused")
         if access_log.isEnabledFor(logging.INFO):
             self._log_access(prompt, completion)
 

@@ -41,6 +41,14 @@ LINE_OUTCOMES = ("admitted", "refused", "abandoned", "failed")
 taken; a refusal (429, 503: `queue_timeout`, a tenant limit, no healthy engine, the store
 unreachable); the client gone; any other error (500)."""
 
+SLO_OUTCOMES = ("admitted", "refused", "met", "missed")
+"""What became of a request with a service class (`kv_gateway_slo_requests_total`'s
+`outcome`; see `GatewayMetrics.slo`)."""
+
+SLO_UNATTAINABLE = "slo_unattainable"
+"""The code of the 429 that refuses a request early because its class's targets cannot be
+met on any engine (counted as the class's `refused`)."""
+
 WAIT_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
 
 
@@ -251,6 +259,38 @@ class GatewayMetrics:
             registry=self.registry,
             multiprocess_mode="livesum",
         )
+
+        self.slo_requests = Counter(
+            "kv_gateway_slo_requests",
+            "Requests with a service class, by class and outcome: admitted (a reservation "
+            "taken, once per request), refused (429 slo_unattainable: its targets could not "
+            "be met), met or missed (its targets, judged when the answer ends; classes with "
+            "targets only).",
+            ["class", "outcome"],
+            registry=self.registry,
+        )
+        self._slo: dict[tuple[str, str], Counter] = {}
+
+    def know_classes(self, names: Iterable[str]) -> None:
+        """Show the configured service classes' series at 0 before their first request."""
+        for name in names:
+            for outcome in SLO_OUTCOMES:
+                self._slo[name, outcome] = self.slo_requests.labels(name, outcome)
+
+    def slo(self, class_name: str, outcome: str) -> None:
+        """One request of the service class `class_name` was `outcome` (one of
+        `SLO_OUTCOMES`): `admitted` at its first reservation; `refused` when answered 429
+        `slo_unattainable`; when its answer ends (200, in full), `met` if every target the
+        class sets held, else `missed` — counted only for classes with targets. TTFT, from
+        the request's arrival at the gateway to its first token, must be ≤ `ttft_s`; TPOT,
+        `(end − first token) / (output tokens − 1)`, ≤ `tpot_s` (not judged for an answer
+        of one token)."""
+        child = self._slo.get((class_name, outcome))
+        if child is None:  # a class not made known (`know_classes`)
+            if outcome not in SLO_OUTCOMES:
+                raise ValueError(f"outcome must be one of {SLO_OUTCOMES}, not {outcome!r}")
+            child = self._slo[class_name, outcome] = self.slo_requests.labels(class_name, outcome)
+        child.inc()
 
     def know_tenants(self, names: Iterable[str]) -> None:
         """Show the configured tenants' series at 0 before their first request (a `rate()`

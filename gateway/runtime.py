@@ -66,14 +66,25 @@ class Runtime:
     heap: HeapTrimmer | None = None
 
     def reload_keys(self, new: GatewayConfig) -> list[str]:
-        """Take `new`'s tenants (keys and limits) and admin keys for the requests that arrive
-        from now on; requests already admitted keep what they were admitted under. Returns
-        the other top-level sections that differ from the running configuration: they need
-        a restart and are left as they are."""
-        self.auth.load(new.tenants)
+        """Take `new`'s tenants (keys, limits, service classes), admin keys and service
+        classes (`slo.classes`, `default_class`, `header`) for the requests that arrive from
+        now on; requests already admitted keep what they were admitted under. Returns the
+        other top-level sections that differ from the running configuration (`slo` when
+        its step costs do): they need a restart and are left as they are."""
+        slo = self.cfg.slo.model_copy(
+            update={
+                "classes": new.slo.classes,
+                "default_class": new.slo.default_class,
+                "header": new.slo.header,
+            }
+        )
+        self.auth.load(new.tenants, slo)
         self.admin.load(new.admin, new.tenants)
         self.metrics.know_tenants(t.name for t in new.tenants)
-        self.cfg = self.cfg.model_copy(update={"tenants": new.tenants, "admin": new.admin})
+        self.metrics.know_classes(slo.classes)
+        self.cfg = self.cfg.model_copy(
+            update={"tenants": new.tenants, "admin": new.admin, "slo": slo}
+        )
         running, wanted = self.cfg.model_dump(), new.model_dump()
         applied = ("tenants", "admin")
         return sorted(k for k in wanted if k not in applied and wanted[k] != running.get(k))
@@ -188,6 +199,7 @@ def _assemble(
 ) -> Runtime:
     metrics = GatewayMetrics()
     metrics.know_tenants([t.name for t in cfg.tenants] or [DEFAULT_TENANT.name])
+    metrics.know_classes(cfg.slo.classes)
     scheduler = Scheduler(
         store=store,
         pool=pool,
@@ -276,7 +288,7 @@ def _assemble(
         store=store,
         scheduler=scheduler,
         service=service,
-        auth=Authenticator(cfg.tenants),
+        auth=Authenticator(cfg.tenants, cfg.slo),
         admin=admin,
         monitor=monitor,
         metrics=metrics,

@@ -148,8 +148,8 @@ def _check_file_limit(cfg: GatewayConfig) -> None:
 
 
 def _reload(config_path: str, runtime: Runtime) -> None:
-    """SIGHUP: the tenants (API keys and limits) and the admin keys from the config file,
-    without a restart. A file that does not validate changes nothing."""
+    """SIGHUP: the tenants (API keys and limits), the admin keys and the service classes
+    from the config file, without a restart. A file that does not validate changes nothing."""
     try:
         new = load_config(config_path)
     except ConfigError as e:
@@ -157,10 +157,12 @@ def _reload(config_path: str, runtime: Runtime) -> None:
         return
     others = runtime.reload_keys(new)
     log.warning(
-        "reloaded tenants and admin keys from %s: %d tenant(s), %d admin key(s)",
+        "reloaded tenants and admin keys from %s: %d tenant(s), %d admin key(s), "
+        "%d service class(es)",
         config_path,
         len(new.tenants),
         len(new.admin.api_keys),
+        len(new.slo.classes),
     )
     if others:
         log.warning("changed sections need a restart and were not applied: %s", others)

@@ -3,7 +3,8 @@ dashboard (`GET /dashboard`) polls it.
 
 Engines (with where each of their figures came from, what they last reported, and what the
 gateway holds on them), the waiting line, the traffic counters, every configured tenant's
-usage and limits, and each model's output-length estimates. Read from the pool and the state
+usage, limits and service class, the service classes with their targets and counts, and each
+model's output-length estimates. Read from the pool and the state
 store; a lost Redis raises `StateUnavailable` (503 under `fail_closed`). The schema is
 `docs/status.schema.json` (`schema_version` changes only when a field changes meaning or
 goes away; new fields may appear).
@@ -20,7 +21,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from gateway.core.types import EngineLoad, TenantPolicy
+from gateway.core.types import EngineLoad, ServiceClass, TenantPolicy
 from gateway.engines.pool import EnginePool, EngineState
 from gateway.state.base import StateStore
 from gateway.state.errors import StateUnavailable
@@ -53,6 +54,10 @@ class Extras:
     """This process's longest-waiting queued request."""
     worker: tuple[int, int] | None = None
     """(index, count) under `serve --workers N`."""
+    service_classes: Sequence[ServiceClass] = ()
+    """The configured classes (`slo.classes`)."""
+    default_class: str | None = None
+    class_header: str | None = None
 
 
 async def snapshot(
@@ -95,6 +100,11 @@ async def snapshot(
         },
         "traffic": _traffic(extras.totals),
         "tenants": [await _tenant(store, t, extras.totals) for t in extras.tenants],
+        "slo": {
+            "header": extras.class_header,
+            "default_class": extras.default_class,
+            "classes": [_service_class(c, extras.totals) for c in extras.service_classes],
+        },
         "models": [
             {
                 "name": name,
@@ -166,6 +176,21 @@ async def _tenant(store: StateStore, tenant: TenantPolicy, totals: Totals) -> di
         "completion_tokens": int(_sum(totals, "kv_gateway_tenant_completion_tokens", tenant=name)),
         "refusals": _by(totals, "kv_gateway_tenant_refusals", "reason", tenant=name),
         "rate_limits": rates,
+        "service_class": None if tenant.service_class is None else tenant.service_class.name,
+        "service_classes": [c.name for c in tenant.service_classes],
+    }
+
+
+def _service_class(service_class: ServiceClass, totals: Totals) -> dict[str, Any]:
+    of_class = {"class": service_class.name}  # `class` is a keyword: no `class=` argument
+    return {
+        "name": service_class.name,
+        "ttft_s": service_class.ttft_s,
+        "tpot_s": service_class.tpot_s,
+        "requests": {
+            outcome: int(_sum(totals, "kv_gateway_slo_requests", outcome=outcome, **of_class))
+            for outcome in ("admitted", "refused", "met", "missed")
+        },
     }
 
 

@@ -5,6 +5,7 @@ Everything here is a frozen value; the core never mutates what it is given.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 
@@ -199,13 +200,37 @@ class Footprint:
 
 
 @dataclass(frozen=True, slots=True)
+class ServiceClass:
+    """A latency contract: TTFT and TPOT targets in seconds (None: no target).
+
+    TTFT runs from the request's arrival at the gateway to its first token; TPOT is
+    `(end − first token) / (output tokens − 1)`. A class without targets (`batch`) is best
+    effort: it uses what the classes with targets leave. Targets MUST be finite and > 0."""
+
+    name: str
+    ttft_s: float | None = None
+    tpot_s: float | None = None
+
+    def __post_init__(self) -> None:
+        for target in (self.ttft_s, self.tpot_s):
+            if target is not None and not (math.isfinite(target) and target > 0):
+                raise ValueError(f"service class {self.name!r}: targets must be > 0, not {target}")
+
+    @property
+    def has_targets(self) -> bool:
+        return self.ttft_s is not None or self.tpot_s is not None
+
+
+@dataclass(frozen=True, slots=True)
 class TenantPolicy:
     """One tenant's contract. None means "no limit" for that dimension.
 
     `kv_share` is the most KV blocks the tenant may hold at once, as a fraction of all
     engines' usable blocks; `priority` classes are served strictly in order (higher first);
     `weight` is the tenant's share of capacity within its class; `max_queued` caps how many
-    of its requests may wait at once.
+    of its requests may wait at once. `service_class` is the latency contract of its
+    requests that name none (None: no targets); `service_classes` are the classes its
+    requests may name instead (`allowed_class`), its own included.
     """
 
     name: str = "default"
@@ -216,6 +241,18 @@ class TenantPolicy:
     priority: int = 0
     weight: float = 1.0
     max_queued: int | None = None
+    service_class: ServiceClass | None = None
+    service_classes: tuple[ServiceClass, ...] = ()
+
+    def allowed_class(self, name: str) -> ServiceClass | None:
+        """The class called `name` if this tenant's requests may name it; None if not."""
+        own = self.service_class
+        if own is not None and own.name == name:
+            return own
+        for allowed in self.service_classes:
+            if allowed.name == name:
+                return allowed
+        return None
 
 
 DEFAULT_TENANT = TenantPolicy()

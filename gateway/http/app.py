@@ -26,8 +26,7 @@ from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
 from gateway import status
-from gateway.auth import policy_of
-from gateway.core.types import DEFAULT_TENANT
+from gateway.auth import default_policy, policy_of
 from gateway.errors import GatewayError, ModelNotFound
 from gateway.exchange import ROUTES
 from gateway.http import dashboard
@@ -55,12 +54,16 @@ def status_extras(runtime: Runtime, worker: tuple[int, int] | None = None) -> st
             reserved_quantile=adaptive.quantile if adaptive is not None else None,
             reserved_margin=adaptive.margin if adaptive is not None else None,
         )
+    slo = runtime.cfg.slo
     return status.Extras(
-        tenants=[policy_of(t) for t in runtime.cfg.tenants] or [DEFAULT_TENANT],
+        tenants=[policy_of(t, slo) for t in runtime.cfg.tenants] or [default_policy(slo)],
         totals=runtime.metrics.totals(),
         models=models,
         oldest_wait_s=runtime.scheduler.oldest_wait_s(),
         worker=worker,
+        service_classes=[slo.service_class(name) for name in slo.classes],
+        default_class=slo.default_class,
+        class_header=slo.header,
     )
 
 

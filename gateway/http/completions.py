@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 from dataclasses import dataclass
 
@@ -80,9 +81,10 @@ class CompletionsEndpoint:
         request_id = request_id_of(scope)
         # The key before the body: a client without a valid one is answered 401 without the
         # gateway buffering up to `max_body_bytes` of what it sends.
+        authorization, named_class = _headers(scope, self.auth.class_header)
         tenant: TenantPolicy | Unauthorized
         try:
-            tenant = self.auth.tenant(_header(scope, b"authorization"))
+            tenant = self.auth.tenant(authorization)
         except Unauthorized as e:
             tenant = e
         body = b""
@@ -95,7 +97,7 @@ class CompletionsEndpoint:
             log_error(e, request_id)
             await send_error(send, e, request_id)
             return
-        work = asyncio.ensure_future(self._serve(body, request_id, tenant, send))
+        work = asyncio.ensure_future(self._serve(body, request_id, tenant, named_class, send))
         watcher = asyncio.ensure_future(_until_disconnect(receive))
         try:
             await asyncio.wait({work, watcher}, return_when=asyncio.FIRST_COMPLETED)
@@ -107,16 +109,25 @@ class CompletionsEndpoint:
                     await task
 
     async def _serve(
-        self, body: bytes, request_id: str, tenant: TenantPolicy | Unauthorized, send: Send
+        self,
+        body: bytes,
+        request_id: str,
+        tenant: TenantPolicy | Unauthorized,
+        named_class: str | None,
+        send: Send,
     ) -> None:
-        """`tenant`: the key's, or its refusal (answered here, so counted as every answer)."""
+        """`tenant`: the key's, or its refusal (answered here, so counted as every answer);
+        `named_class`: the class header's value, if sent."""
         exchange = self.exchanges.start(self.kind, request_id, self.path)
         started = False
         try:
             if isinstance(tenant, Unauthorized):
                 raise tenant
             exchange.identify(tenant)
+            service_class = self.auth.service_class(tenant, named_class)
             inbound = parse_body(body, self.kind, max_depth=self.limits.max_json_depth)
+            if service_class is not None:
+                inbound = dataclasses.replace(inbound, service_class=service_class)
             answer = await exchange.open(tenant, inbound, body)
             headers = [
                 *answer.headers,
@@ -167,12 +178,16 @@ async def _fail(
             await send({"type": "http.response.body", "body": b"", "more_body": False})
 
 
-def _header(scope: Scope, name: bytes) -> str | None:
+def _headers(scope: Scope, class_header: bytes) -> tuple[str | None, str | None]:
+    """The `authorization` header and the class header (the first of each), in one pass."""
+    authorization = named = None
     for key, value in scope.get("headers", []):
-        if key == name:
-            text: str = bytes(value).decode("latin-1").strip()
-            return text
-    return None
+        if key == b"authorization":
+            if authorization is None:
+                authorization = bytes(value).decode("latin-1").strip()
+        elif key == class_header and named is None:
+            named = bytes(value).decode("latin-1").strip()
+    return authorization, named
 
 
 async def _read_body(receive: Receive, limit: int) -> bytes:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from gateway.core.types import ServiceClass
 from gateway.tokens.chat import ChatInput
 
 Kind = Literal[
@@ -31,6 +32,8 @@ class Inbound:
     str | list[str] | list[int] | list[list[int]]), or `pairs` (score and rerank: one text
     pair per sequence). `tokenize`/`detokenize` set none: they hold no KV.
     `previous_response_id` (Responses API) names the stored response the engine prepends.
+    `service_class`: the latency contract admission holds the request to (None: no targets),
+    set by the HTTP edge from the tenant and the class header, never from the body.
     """
 
     kind: Kind
@@ -50,6 +53,7 @@ class Inbound:
     # request's `cache_salt` (empty: none). None: the request reads nothing from the prefix
     # cache (`prompt_logprobs` set: vLLM v1 skips the cache for it) or is not a generation.
     prefix_salt: bytes | None = None
+    service_class: ServiceClass | None = None
 
     @property
     def generates(self) -> bool:
