@@ -4,6 +4,9 @@ Percentiles interpolate linearly between ranks (numpy's default, as vLLM's bench
 The measured window runs from the first measured request's send to the last one's end;
 warm-up requests are left out of every figure. Goodput counts successful requests that meet
 every SLO given (`--slo ttft=500ms,tpot=50ms,e2e=10s`; a bare number is milliseconds).
+Refusals are counted per 429 answered, by the error body's `code`, with the time from the
+attempt's send to the refusal's head: a refusal decided at once should be as fast as any
+other, whatever its reason.
 """
 
 from __future__ import annotations
@@ -145,7 +148,22 @@ def _summary(measured: list[RequestRecord], slo: Slo) -> dict[str, Any]:
             "e2e": stats_ms([r.e2e_s for r in ok if r.e2e_s is not None]),
         },
         "retries": retry_summary(measured),
+        "refusals": refusal_summary(measured),
         "send_lag_ms": stats_ms(lags),
+    }
+
+
+def refusal_summary(measured: Sequence[RequestRecord]) -> dict[str, dict[str, Any]]:
+    """Every 429 answered (retried attempts included), by its error code: how many, and the
+    time to the refusal (`latency_ms`: from the attempt's send to its answer's head)."""
+    times: dict[str, list[float]] = {}
+    for r in measured:
+        for a in r.attempts:
+            if a.status == 429 and a.answered_s is not None:
+                times.setdefault(a.code or "unknown", []).append(a.answered_s - a.sent_s)
+    return {
+        code: {"count": len(values), "latency_ms": stats_ms(values)}
+        for code, values in sorted(times.items())
     }
 
 

@@ -16,9 +16,16 @@ itself; `--target` flags add targets that are already running:
     rates: [0.5x, 1x, 2x]          # × capacity, or absolute req/s (then no capacity run)
     order: interleaved             # or sequential, or mixed
     capacity_requests: 200
+    capacity: throughput           # or slo (needs --slo)
+    capacity_quantile: 0.99        # capacity slo: the share of requests meeting every SLO
+    capacity_probes: 6             # capacity slo: open-loop probes of capacity_requests each
 
-Capacity is the direct targets' saturated throughput (rate inf), measured first in the same
-run. Before every run the simulated engines are restarted and a gateway target gets a fresh
+Capacity is the direct target's saturated throughput (rate inf), measured first in the same
+run. With `capacity: slo` it is then the **SLO capacity**: the highest open-loop rate at
+which the direct target meets every `--slo` for at least `capacity_quantile` of its
+requests, found by bisection between 0 and the throughput capacity (`capacity.SloSearch`),
+each probe a run of `capacity_requests` on restarted engines; relative rates multiply it.
+Before every run the simulated engines are restarted and a gateway target gets a fresh
 gateway: each run starts from a clean state. Runs go rate by rate, the targets' order
 rotating (interleaved), or target by target (sequential). `mixed` runs every target at
 once, each rate one run whose requests go to the targets in turn (the rate is the total):
@@ -32,6 +39,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import math
+import sys
 import tempfile
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -42,13 +50,25 @@ import yaml
 from gateway.loadtest import options, report
 from gateway.loadtest.aggregate import Slo, parse_slo
 from gateway.loadtest.arrivals import Rate
+from gateway.loadtest.capacity import SloSearch
 from gateway.loadtest.measure import measure, measure_mixed
 from gateway.loadtest.prompts import PromptBuilder
 from gateway.loadtest.runner import RunConfig
 from gateway.loadtest.setups import ManagedGateway, SimFleet, merge
-from gateway.loadtest.targets import Target, parse_target, resolve
+from gateway.loadtest.targets import Target, parse_target, read_secret, resolve
 
-SPEC_KEYS = {"engines", "targets", "rates", "order", "capacity_requests", "gateway"}
+SPEC_KEYS = {
+    "engines",
+    "targets",
+    "rates",
+    "order",
+    "capacity_requests",
+    "gateway",
+    "capacity",
+    "capacity_quantile",
+    "capacity_probes",
+}
+CAPACITIES = ("throughput", "slo")
 TARGET_KEYS = {"name", "direct", "gateway", "url"}
 
 
@@ -59,7 +79,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--rates", help="comma-separated: 0.5x,1x,2x (× capacity) or req/s")
     parser.add_argument("--order", choices=("interleaved", "sequential", "mixed"))
-    parser.add_argument("--capacity-requests", type=int, help="requests of the capacity run")
+    parser.add_argument(
+        "--capacity-requests", type=int, help="requests of the capacity run (and of each probe)"
+    )
+    parser.add_argument(
+        "--capacity",
+        choices=CAPACITIES,
+        help="what relative rates multiply: the direct target's saturated throughput "
+        "(default) or its SLO capacity (needs --slo)",
+    )
+    parser.add_argument(
+        "--capacity-quantile",
+        type=float,
+        help="--capacity slo: the share of requests that must meet every SLO (default 0.99)",
+    )
+    parser.add_argument(
+        "--capacity-probes", type=int, help="--capacity slo: probes of the search (default 6)"
+    )
     parser.add_argument(
         "--only", help="run only these targets of the spec, in this order (comma-separated)"
     )
@@ -81,6 +117,9 @@ class Spec:
     order: str = "interleaved"
     capacity_requests: int = 200
     gateway: dict[str, Any] = field(default_factory=dict)
+    capacity: str = "throughput"
+    capacity_quantile: float = 0.99
+    capacity_probes: int = 6
 
 
 def read_spec(args: argparse.Namespace) -> Spec:
@@ -133,14 +172,41 @@ def read_spec(args: argparse.Namespace) -> Spec:
         args.order or str(data.get("order", "interleaved")),
         args.capacity_requests or int(data.get("capacity_requests", 200)),
         dict(data.get("gateway") or {}),
+        _given(args, "capacity", str(data.get("capacity", "throughput"))),
+        float(_given(args, "capacity_quantile", data.get("capacity_quantile", 0.99))),
+        int(_given(args, "capacity_probes", data.get("capacity_probes", 6))),
     )
     if spec.order not in ("interleaved", "sequential", "mixed"):
         raise ValueError("compare: order is interleaved, sequential or mixed")
+    _check_capacity(spec, args)
     if spec.order == "mixed" and len(spec.targets) < 2:
         raise ValueError("compare: order mixed needs at least two targets")
     for rate in spec.rates:
         _rate_value(rate, 1.0)
     return spec
+
+
+def _given(args: argparse.Namespace, name: str, default: Any) -> Any:
+    """The flag `name` when given, else `default` (the spec's value)."""
+    value = getattr(args, name, None)
+    return default if value is None else value
+
+
+def _check_capacity(spec: Spec, args: argparse.Namespace) -> None:
+    if spec.capacity not in CAPACITIES:
+        raise ValueError(f"compare: capacity is {' or '.join(CAPACITIES)}, not {spec.capacity!r}")
+    if spec.capacity_requests < 1:
+        raise ValueError("compare: capacity_requests must be at least 1")
+    if spec.capacity != "slo":
+        return
+    if not getattr(args, "slo", None):
+        raise ValueError("compare: capacity slo needs --slo (the targets the direct one must meet)")
+    if not 0 < spec.capacity_quantile <= 1:
+        raise ValueError(f"compare: capacity_quantile {spec.capacity_quantile:g} is not in (0, 1]")
+    if spec.capacity_probes < 1:
+        raise ValueError("compare: capacity_probes must be at least 1")
+    if not any(t.direct for t in spec.targets):
+        raise ValueError("compare: capacity slo needs a 'direct: true' target")
 
 
 def _only(targets: list[TargetSpec], names: str) -> list[TargetSpec]:
@@ -176,7 +242,7 @@ def _rate_value(text: str, capacity: float | None) -> float:
 
 
 def run(args: argparse.Namespace) -> int:
-    from gateway.loadtest.cli import finish
+    from gateway.loadtest.cli import EXIT_FAILED, PROG, finish
 
     spec = read_spec(args)
     slo = parse_slo(args.slo)
@@ -185,16 +251,30 @@ def run(args: argparse.Namespace) -> int:
     headers, rows = report.comparison_rows(runs)
     if document.get("capacity"):
         print(f"capacity (direct, rate inf): {document['capacity']['requests_per_s']:.2f} req/s")
+    for line in report.slo_capacity_lines(document):
+        print(line)
     report.print_table(headers, rows)
+    refusal_headers, refusal_rows = report.refusal_rows(runs)
+    if refusal_rows:
+        print("429s by code (time from the attempt's send to the refusal):")
+        report.print_table(refusal_headers, refusal_rows)
     for r in runs:
         for warning in r.get("warnings", []):
             print(f"WARNING ({r['label']}): {warning}")
-    code = finish(
-        args,
-        document,
-        [*([document["capacity_run"]] if "capacity_run" in document else []), *runs],
-        single=False,
-    )
+    measured = [
+        *([document["capacity_run"]] if "capacity_run" in document else []),
+        *document.get("capacity_probes", []),
+        *runs,
+    ]
+    code = finish(args, document, measured, single=False)
+    found = document.get("slo_capacity")
+    if found is not None and found["requests_per_s"] is None and code == 0:
+        print(
+            f"{PROG}: error: no probe met the SLOs for {found['quantile']:.1%} of its requests; "
+            "the rates were not run",
+            file=sys.stderr,
+        )
+        code = EXIT_FAILED
     if args.plots is not None and runs:
         from gateway.loadtest import plots
 
@@ -224,7 +304,7 @@ async def _compare(args: argparse.Namespace, spec: Spec, slo: Slo) -> dict[str, 
         if fleet is not None:
             await fleet.start()
         capacity = None
-        if any(r.lower().endswith("x") for r in spec.rates):
+        if any(r.lower().endswith("x") for r in spec.rates) or spec.capacity == "slo":
             direct = next((t for t in spec.targets if t.direct), None)
             if direct is None:
                 raise ValueError("relative rates need a 'direct: true' target")
@@ -241,6 +321,12 @@ async def _compare(args: argparse.Namespace, spec: Spec, slo: Slo) -> dict[str, 
             if capacity_run.get("interrupted") or not capacity:
                 document["runs"].append(capacity_run)
                 return document
+            if spec.capacity == "slo":
+                capacity = await _slo_capacity(
+                    args, spec, direct, fleet, workdir, builder, slo, capacity, document
+                )
+                if capacity is None:
+                    return document
         if spec.order == "mixed":
             for rate_text in spec.rates or [""]:
                 rate = _rate_value(rate_text, capacity) if rate_text else None
@@ -259,6 +345,38 @@ async def _compare(args: argparse.Namespace, spec: Spec, slo: Slo) -> dict[str, 
         if fleet is not None:
             await fleet.stop()
     return document
+
+
+async def _slo_capacity(
+    args: argparse.Namespace,
+    spec: Spec,
+    direct: TargetSpec,
+    fleet: SimFleet | None,
+    workdir: Path,
+    builder: PromptBuilder,
+    slo: Slo,
+    throughput: float,
+    document: dict[str, Any],
+) -> float | None:
+    """The direct target's SLO capacity (None when no probe passed or one was interrupted);
+    every probe's report goes to `document["capacity_probes"]`, the search to
+    `document["slo_capacity"]`."""
+    search = SloSearch(throughput, spec.capacity_quantile, spec.capacity_probes)
+    probes: list[dict[str, Any]] = document.setdefault("capacity_probes", [])
+    while (rate := search.next_rate()) is not None:
+        probe = await _one(
+            args, spec, direct, fleet, workdir, builder, slo, rate,
+            f"slo-probe-{len(search.done) + 1}", requests=spec.capacity_requests,
+        )  # fmt: skip
+        probes.append(probe)
+        if probe.get("interrupted"):
+            document["runs"].append(probe)
+            return None
+        summary = probe["summary"]
+        met = summary["slo_met"] / summary["requests"] if summary["requests"] else 0.0
+        search = search.record(rate, met)
+        document["slo_capacity"] = {**search.to_dict(), "slo": slo.describe()}
+    return search.capacity
 
 
 def _plan(spec: Spec) -> list[tuple[str, TargetSpec]]:
@@ -333,7 +451,13 @@ async def _resolve(
         assert target.url is not None
         name, urls = parse_target(f"{target.name}={target.url}")
     return await resolve(
-        name, urls, model=args.model, admin_key=admin_key(args), engine_metrics=engine_metrics(args)
+        name,
+        urls,
+        model=args.model,
+        admin_key=admin_key(args),
+        # A gateway with tenants lists its models only to one of them.
+        api_key=read_secret(args.api_key_env, args.api_key_file, "API key"),
+        engine_metrics=engine_metrics(args),
     )
 
 
@@ -407,6 +531,9 @@ def _spec_dict(spec: Spec) -> dict[str, Any]:
         "order": spec.order,
         "capacity_requests": spec.capacity_requests,
         "gateway": spec.gateway,
+        "capacity": spec.capacity,
+        "capacity_quantile": spec.capacity_quantile,
+        "capacity_probes": spec.capacity_probes,
     }
 
 

@@ -73,6 +73,16 @@ def summary_lines(report: dict[str, Any]) -> tuple[list[str], list[list[str]], l
                 else ""
             )
         )
+    refusals = s.get("refusals", {})
+    if refusals:
+        head.append(
+            "429s by code (time to the refusal): "
+            + ", ".join(
+                f"{code} ×{r['count']} p50 {fmt((r['latency_ms'] or {}).get('p50'))} ms "
+                f"p99 {fmt((r['latency_ms'] or {}).get('p99'))} ms"
+                for code, r in refusals.items()
+            )
+        )
     rows = []
     for name in LATENCY_ROWS:
         stats = s["latency_ms"][name]
@@ -162,6 +172,7 @@ def comparison_rows(runs: Sequence[dict[str, Any]]) -> tuple[list[str], list[lis
         "TTFT mean",
         "TTFT p50",
         "TTFT p95",
+        "TTFT p99",
         "TPOT p50",
         "E2E p95",
         "peak KV",
@@ -185,6 +196,7 @@ def comparison_rows(runs: Sequence[dict[str, Any]]) -> tuple[list[str], list[lis
                 _lat(lat, "ttft", "mean"),
                 _lat(lat, "ttft", "p50"),
                 _lat(lat, "ttft", "p95"),
+                _lat(lat, "ttft", "p99"),
                 _lat(lat, "tpot", "p50"),
                 _lat(lat, "e2e", "p95"),
                 pct(m.get("peak_kv_usage")),
@@ -192,6 +204,45 @@ def comparison_rows(runs: Sequence[dict[str, Any]]) -> tuple[list[str], list[lis
                 pct(m.get("prefix_cache_hit_rate")),
             ]
         )
+    return headers, rows
+
+
+def slo_capacity_lines(document: dict[str, Any]) -> list[str]:
+    """The SLO capacity search, as printed: the rate chosen, then each probe."""
+    found = document.get("slo_capacity")
+    if found is None:
+        return []
+    rate, share = found["requests_per_s"], f"{found['quantile']:.1%}"
+    head = f"SLO capacity (direct, ≥ {share} of requests meeting {found['slo']}): " + (
+        f"{rate:.2f} req/s ({rate / found['throughput_requests_per_s']:.2f}× throughput)"
+        if rate is not None
+        else f"none: no probe met the SLOs for {share} of its requests"
+    )
+    lines = [head]
+    for n, p in enumerate(found["probes"], start=1):
+        verdict = "pass" if p["passed"] else "fail"
+        lines.append(f"  probe {n}: {p['rate']:.2f} req/s, {p['met']:.1%} met, {verdict}")
+    return lines
+
+
+def refusal_rows(runs: Sequence[dict[str, Any]]) -> tuple[list[str], list[list[str]]]:
+    """One row per run and error code of its 429s: how many, and how fast they came (ms from
+    the attempt's send to the refusal). No rows when no run was refused."""
+    headers = ["run", "429 code", "count", "p50 ms", "p99 ms", "max ms"]
+    rows = []
+    for run in runs:
+        for code, refused in run["summary"].get("refusals", {}).items():
+            stats = refused["latency_ms"] or {}
+            rows.append(
+                [
+                    run.get("label", run.get("target", {}).get("name", "?")),
+                    code,
+                    str(refused["count"]),
+                    fmt(stats.get("p50")),
+                    fmt(stats.get("p99")),
+                    fmt(stats.get("max")),
+                ]
+            )
     return headers, rows
 
 

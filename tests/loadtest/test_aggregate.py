@@ -101,6 +101,34 @@ def test_retry_accounting() -> None:
     assert r["advice_gap_ms"]["min"] == pytest.approx(0.0)
 
 
+def test_refusals_by_code_with_their_time_to_the_429() -> None:
+    def refused(i: int, code: str | None, seconds: float, **kw: object) -> RequestRecord:
+        attempt = Attempt(float(i), 429, float(i) + seconds, code)
+        return rec(i, outcome="refused", status=429, reason=code, attempts=(attempt,), **kw)
+
+    records = [
+        rec(0),
+        *(refused(i, "slo_unattainable", 0.001 * i) for i in range(1, 11)),
+        refused(11, "tenant_rpm", 0.002),
+        refused(12, "tenant_rpm", 0.004),
+        refused(13, None, 0.5),
+        refused(14, "tenant_rpm", 9.0, warmup=True),  # left out, as every warm-up request
+        # A retried request: its refused attempt counts, its admitted one does not.
+        rec(15, attempts=(Attempt(15.0, 429, 16.0, "queue_timeout", 0.1, 0.1),
+                          Attempt(16.1, 200, 16.2))),
+    ]  # fmt: skip
+    refusals = summarize(records)["refusals"]
+    assert list(refusals) == ["queue_timeout", "slo_unattainable", "tenant_rpm", "unknown"]
+    assert {code: r["count"] for code, r in refusals.items()} == {
+        "queue_timeout": 1, "slo_unattainable": 10, "tenant_rpm": 2, "unknown": 1
+    }  # fmt: skip
+    slo = refusals["slo_unattainable"]["latency_ms"]
+    assert (slo["p50"], slo["p99"], slo["max"]) == pytest.approx((5.5, 9.91, 10.0))
+    assert refusals["tenant_rpm"]["latency_ms"]["p99"] == pytest.approx(3.98)
+    assert refusals["queue_timeout"]["latency_ms"]["max"] == pytest.approx(1000.0)
+    assert summarize([rec(0)])["refusals"] == {}
+
+
 def test_records_round_trip() -> None:
     r = rec(4, attempts=(Attempt(4.0, 429, 4.1, "x", 0.5, 0.5), Attempt(4.6, 200, 4.7)))
     assert from_dict(r.to_dict()) == r

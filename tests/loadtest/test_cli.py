@@ -130,6 +130,40 @@ def test_compare_direct_and_gateway(capsys: pytest.CaptureFixture[str], tmp_path
     ]
 
 
+def test_compare_at_the_slo_capacity(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    spec = tmp_path / "compare.yaml"
+    spec.write_text(
+        json.dumps(
+            {
+                "engines": {"count": 1, "flags": {"num_gpu_blocks": 64, "max_model_len": 512}},
+                "targets": [{"name": "direct", "direct": True}],
+                "rates": ["1x"],
+                "capacity": "slo",
+                "capacity_requests": 10,
+                "capacity_probes": 2,
+            }
+        )
+    )
+    code, report, _ = run_tool(
+        capsys, tmp_path, "compare", "--spec", str(spec), "--requests", "6", "--slo", "e2e=60s",
+        "--output-len", "16", "--input-len", "loguniform:20,80",
+    )  # fmt: skip
+    assert code == 0
+    throughput = report["capacity"]["requests_per_s"]
+    found = report["slo_capacity"]
+    # Every probe meets a loose SLO: half the throughput capacity, then three quarters.
+    assert [p["rate"] for p in found["probes"]] == [
+        pytest.approx(throughput * 0.5, rel=1e-3), pytest.approx(throughput * 0.75, rel=1e-3)
+    ]  # fmt: skip
+    assert all(p["passed"] and p["met"] == 1.0 for p in found["probes"])
+    assert found["requests_per_s"] == pytest.approx(0.75 * throughput)
+    assert [p["label"] for p in report["capacity_probes"]] == [
+        "direct @ slo-probe-1", "direct @ slo-probe-2"
+    ]  # fmt: skip
+    assert all(p["summary"]["requests"] == 10 for p in report["capacity_probes"])
+    assert [r["rate"] for r in report["runs"]] == [pytest.approx(0.75 * throughput)]
+
+
 def test_compare_mixed_sends_the_same_load_to_each_target_at_once(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:

@@ -57,6 +57,62 @@ def test_prefix_compare_spec_and_workload() -> None:
     assert sessions.arrivals == one_off.arrivals == Rate(4.0)
 
 
+def compare_args(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    options.add_workload_arguments(parser)
+    compare.add_arguments(parser)
+    return parser.parse_args(list(argv))
+
+
+def test_slo_compare_spec_and_workload(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SLO_INTERACTIVE_KEY", "slo-interactive-key")
+    monkeypatch.setenv("SLO_RPM_PROBE_KEY", "slo-rpm-probe-key")
+    args = compare_args(
+        "--spec", str(LOADTEST / "compare-slo.yaml"),
+        "--workload", str(LOADTEST / "compare-slo-tenants.yaml"),
+        "--api-key-env", "SLO_INTERACTIVE_KEY",
+        "--capacity", "slo", "--slo", "ttft=1s,tpot=50ms",
+        "--input-len", "loguniform:128,2048", "--output-len", "loguniform:64,512",
+        "--requests", "600", "--retry-429", "0", "--api", "completions",
+    )  # fmt: skip
+    spec = compare.read_spec(args)
+    assert [t.name for t in spec.targets] == ["direct", "gateway-kv", "gateway-slo"]
+    assert spec.rates == ["1.5x", "2x", "4x"]
+    assert (spec.capacity, spec.capacity_quantile, spec.capacity_probes) == ("slo", 0.99, 6)
+    assert spec.engines is not None
+    flags = spec.engines["flags"]
+    # The gateway-slo target's step costs are the engines' own.
+    slo = (spec.targets[2].gateway or {})["slo"]
+    assert slo["step_costs"] == {
+        "base_ms": flags["decode_ms_base"],
+        "per_seq_ms": flags["decode_ms_per_seq"],
+        "per_prefill_token_ms": flags["prefill_ms_per_token"],
+        "chunk_tokens": flags["max_num_batched_tokens"],
+    }
+    assert slo["classes"]["interactive"] == {"ttft_s": 1, "tpot_s": 0.05}
+    # A full batch misses TPOT 50 ms before any prefill: both targets can bind.
+    assert flags["decode_ms_base"] + flags["decode_ms_per_seq"] * flags["max_num_seqs"] >= 50
+    assert spec.gateway["queue"] == {"max_wait_s": 1}
+    interactive, probe = options.run_config(args, "tiny", 4096).tenants
+    assert str(interactive.shape.input_len) == "loguniform:128,2048"
+    assert interactive.arrivals is None and probe.arrivals == Rate(0.1)
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--capacity", "slo"], "capacity slo needs --slo"),
+        (["--capacity", "slo", "--slo", "ttft=1s", "--capacity-quantile", "1.5"], "quantile"),
+        (["--capacity", "slo", "--slo", "ttft=1s", "--capacity-probes", "0"], "capacity_probes"),
+        (["--capacity", "slo", "--slo", "ttft=1s", "--only", "gw-worst-case"], "'direct: true'"),
+    ],
+)
+def test_bad_slo_capacity(argv: list[str], message: str) -> None:
+    args = compare_args("--spec", str(LOADTEST / "compare-sim.yaml"), *argv)
+    with pytest.raises(ValueError, match=message):
+        compare.read_spec(args)
+
+
 @pytest.mark.parametrize(
     ("only", "names"),
     [
