@@ -50,9 +50,10 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Protocol
 
+from gateway.core.latency import prefill_after_credit
 from gateway.core.retry import RetryAdvice
 from gateway.core.tenants import RateLimitValues
-from gateway.core.types import DEFAULT_TENANT, EngineSpec, ServiceClass, TenantPolicy
+from gateway.core.types import DEFAULT_TENANT, ServiceClass, TenantPolicy
 from gateway.engines.pool import EnginePool
 from gateway.errors import (
     EndpointNotServed,
@@ -61,6 +62,7 @@ from gateway.errors import (
     RateLimited,
     UpstreamUnavailable,
 )
+from gateway.latency import LatencyBook, Sent
 from gateway.metrics import REFUSED_STATUSES, SLO_UNATTAINABLE, GatewayMetrics
 from gateway.request import Inbound, Kind
 from gateway.service import Admitted, Service
@@ -176,12 +178,16 @@ class Exchanges:
         metrics: GatewayMetrics,
         clock: Callable[[], float] = time.monotonic,
         suffix: Callable[[], str] = lambda: uuid.uuid4().hex[:16],
+        latency: LatencyBook | None = None,
     ) -> None:
         self.service = service
         self.upstream = upstream
         self.ejector = ejector
         self.pool = pool
         self.metrics = metrics
+        # Told when a completion is sent, has its first token and ends (gateway/latency.py);
+        # None when no service class has targets: then nothing here is timed.
+        self.latency = latency
         self.clock = clock
         self.suffix = suffix
 
@@ -219,6 +225,8 @@ class Exchange:
         self._completed = False  # the engine's whole 200 answer reached the client
         # Provably no tokens generated: the engine could not be reached, or answered an error.
         self._nothing_generated = False
+        self._sent: Sent | None = None  # the latency book's handle, while an engine has it
+        self._first_token: float | None = None  # when its first token arrived (timed only)
 
     @property
     def service_class(self) -> ServiceClass | None:
@@ -309,7 +317,10 @@ class Exchange:
         self.outcome = str(response.status_code)
         follow = self.streaming and desk.service.reservation != "worst_case"
         first = True
+        timed = ok and self._sent is not None
         async for chunk in response.chunks():
+            if timed and self._first_token is None:
+                self._first_token_in()
             if ok:
                 desk.pool.answer_progressed(engine)
             meter.feed(chunk)
@@ -326,6 +337,62 @@ class Exchange:
         if ok:
             desk.metrics.duration.labels(self.model).observe(desk.clock() - self.arrived)
             self._remember_response(engine)
+        if timed:
+            self._finished(meter.completion_tokens() or 0)
+
+    def _first_token_in(self) -> None:
+        """The answer's first chunk arrived: its first token (streamed), or all of it."""
+        assert self._sent is not None and self._desk.latency is not None
+        self._first_token = self._desk.clock()
+        self._desk.latency.first_token(self._sent)
+
+    def _finished(self, output_tokens: int) -> None:
+        """A timed answer reached its end, whole: the latency book learns from it, and its
+        service class's targets are judged (`met` or `missed`)."""
+        sent, self._sent = self._sent, None
+        book, first = self._desk.latency, self._first_token
+        assert sent is not None and book is not None
+        if first is None:  # an empty answer: no token to time
+            book.dropped(sent)
+            return
+        book.finished(sent, output_tokens)
+        service_class = self.service_class
+        if service_class is None or not service_class.has_targets:
+            return
+        end = self._desk.clock()
+        met = service_class.ttft_s is None or first - self.arrived <= service_class.ttft_s
+        per_seq = output_tokens // sent.seqs
+        if met and service_class.tpot_s is not None and per_seq > 1:
+            met = (end - first) / (per_seq - 1) <= service_class.tpot_s
+        self._desk.metrics.slo(service_class.name, "met" if met else "missed")
+
+    def _follow(self, book: LatencyBook, admitted: Admitted) -> None:
+        """Tell the latency book the request goes to `admitted`'s engine now (a completion
+        only: its first event comes with its first token). Its prefill: the first prompt
+        less the blocks the engine is expected to cache, the other prompts whole; each
+        further sequence of `n` again, or only its last block where the engine caches
+        prefixes (vLLM caches a prompt's blocks as it schedules them)."""
+        self._unfollow()
+        shape, spec = admitted.shape, admitted.engine
+        if self.kind not in PATHS or not shape.prompt_tokens:
+            return
+        first, *rest = shape.prompt_tokens
+        prefill = prefill_after_credit(first, admitted.cached, spec.block_size) + sum(rest)
+        again = min(prefill, spec.block_size) if spec.prefix_caching else prefill
+        service_class = self.service_class
+        self._sent = book.sent(
+            spec.name,
+            prefill + again * (shape.n - 1),
+            service_class.tpot_s if service_class is not None else None,
+            streamed=self.streaming,
+            seqs=shape.n * len(shape.prompt_tokens),
+        )
+
+    def _unfollow(self) -> None:
+        """The engine no longer has the request (it failed, was refused, or ended)."""
+        sent, self._sent = self._sent, None
+        if sent is not None and self._desk.latency is not None:
+            self._desk.latency.dropped(sent)
 
     def _keep_facts(self, chunk: bytes) -> None:
         if len(self._head) < FACTS_BYTES:
@@ -359,6 +426,8 @@ class Exchange:
         """Close the upstream answer (aborting it inside vLLM unless it was read to its end),
         then count, learn and release. Call once, in `finally`, whatever happened."""
         desk = self._desk
+        if self._sent is not None:
+            self._unfollow()
         if self._response is not None:
             await self._response.aclose()
         desk.metrics.requests.labels(self.model, self.outcome).inc()
@@ -443,8 +512,10 @@ class Exchange:
     ) -> tuple[Admitted, UpstreamAnswer]:
         desk = self._desk
         try:
-            return admitted, await self._send(admitted.engine, body)
+            return admitted, await self._send(admitted, body)
         except UpstreamUnavailable as e:
+            if self._sent is not None:
+                self._unfollow()
             desk.ejector.eject(admitted.engine.name, e.message)
             lease, self.lease = self.lease, None
             assert lease is not None and self._inbound is not None
@@ -459,7 +530,7 @@ class Exchange:
             )
             self.lease = admitted.lease
             try:
-                return admitted, await self._send(admitted.engine, body)
+                return admitted, await self._send(admitted, body)
             except UpstreamUnavailable:
                 self._nothing_generated = True  # never reached the second engine either
                 raise
@@ -474,6 +545,8 @@ class Exchange:
         await response.aclose()
         log.info("request %s: engine %s is full (503: %s)", self.request_id, name, text)
         desk.metrics.engine_refusals.labels(name).inc()
+        if self._sent is not None:
+            self._unfollow()
         lease, self.lease = self.lease, None
         assert lease is not None and self._inbound is not None
         await asyncio.shield(desk.service.release(lease, 0))  # nothing was generated
@@ -498,7 +571,10 @@ class Exchange:
         self.lease = again.lease
         return again
 
-    async def _send(self, engine: EngineSpec, body: bytes) -> UpstreamAnswer:
+    async def _send(self, admitted: Admitted, body: bytes) -> UpstreamAnswer:
+        engine = admitted.engine
+        if self._desk.latency is not None:
+            self._follow(self._desk.latency, admitted)
         # vLLM bases its own request id on x-request-id: recent versions add a suffix, older
         # ones refuse an id already in flight (two clients, or one retrying, may send the same
         # id). The engine gets one no other request has: ours plus a suffix per attempt.

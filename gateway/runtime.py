@@ -14,6 +14,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from gateway.auth import AdminGate, Authenticator
 from gateway.config import ConfigError, GatewayConfig, MediaConfig
+from gateway.core.latency import LatencyModels
 from gateway.core.prefix import PrefixIndex
 from gateway.core.retry import ReleaseRate
 from gateway.core.routing import Router
@@ -24,6 +25,7 @@ from gateway.engines.setup import resolve_engines
 from gateway.engines.sharing import SharedMonitor, SharedPool
 from gateway.exchange import Exchanges
 from gateway.heap import HeapTrimmer
+from gateway.latency import LatencyBook
 from gateway.media import FAMILIES, MediaCounter, MediaPolicy
 from gateway.media.families import MODALITIES
 from gateway.media.sources import FetchPolicy
@@ -228,6 +230,7 @@ def _assemble(
         else None,
     )
     kv_events = _kv_events(cfg, pool, prefixes)
+    latency = _latency_book(cfg, pool)
     unserved = [m.name for m in cfg.models if m.name not in counters]
     if unserved:
         log.warning("configured models served by no engine: %s", unserved)
@@ -243,6 +246,7 @@ def _assemble(
         clamp=cfg.admission.over_length == "clamp",
         models=rules,
         prefixes=prefixes,
+        latency=latency,
         engine_flags={
             e.display_name: ChatFlags(
                 exclude_tools_when_tool_choice_none=e.exclude_tools_when_tool_choice_none,
@@ -259,14 +263,20 @@ def _assemble(
             return None
 
     monitor: EngineMonitor
+    pages = None if latency is None else latency.scraped
     if shared_pool is None:
-        monitor = EngineMonitor(pool, upstream.client, cfg.health, own_loads=own_loads)
+        monitor = EngineMonitor(pool, upstream.client, cfg.health, own_loads=own_loads, pages=pages)
     else:
         monitor = SharedMonitor(
-            pool, upstream.client, cfg.health, own_loads=own_loads, shared=shared_pool
+            pool, upstream.client, cfg.health, own_loads=own_loads, pages=pages, shared=shared_pool
         )
     exchanges = Exchanges(
-        service=service, upstream=upstream, ejector=monitor, pool=pool, metrics=metrics
+        service=service,
+        upstream=upstream,
+        ejector=monitor,
+        pool=pool,
+        metrics=metrics,
+        latency=latency,
     )
     admin = AdminGate(cfg.admin, cfg.tenants)
     if admin.state == "closed":
@@ -296,6 +306,26 @@ def _assemble(
         kv_events=kv_events,
         heap=heap,
     )
+
+
+def _latency_book(cfg: GatewayConfig, pool: EnginePool) -> LatencyBook | None:
+    """Each engine's latency model and what feeds it (gateway/latency.py), when some
+    service class has a target; None otherwise, and nothing is timed: a gateway without
+    targets does no more per request than before. (Built at start-up: a class with targets
+    added by a reload of a configuration that had none is timed after a restart.) The set
+    of engines is the pool's, fixed at start-up; a restarted engine is forgotten by the
+    book when its scrape shows a new process start time."""
+    classes = cfg.slo.classes.values()
+    if all(c.ttft_s is None and c.tpot_s is None for c in classes):
+        return None
+    names = [e.spec.name for e in pool]
+    models = LatencyModels(
+        cfg.slo.step_costs.costs(),
+        per_engine={name: cfg.step_costs_for(name) for name in names},
+    )
+    book = LatencyBook(models, pool, calibrate=cfg.slo.calibrate, line=cfg.queue.max_length)
+    book.retain(names)
+    return book
 
 
 def _kv_events(

@@ -26,6 +26,7 @@ from gateway.core.tenants import RateLimitValues
 from gateway.core.types import DEFAULT_TENANT, EngineSpec, Footprint, RequestShape, TenantPolicy
 from gateway.engines.pool import EnginePool
 from gateway.errors import BadRequest, ContextOverflow, ModelNotFound, UpstreamUnavailable
+from gateway.latency import LatencyBook
 from gateway.media import MediaCounter
 from gateway.prefixes import PrefixCache, Prompted
 from gateway.request import Inbound
@@ -78,6 +79,9 @@ class Admitted:
     lease: Lease
     engine: EngineSpec
     counted: Counted
+    cached: int = 0
+    """Prompt blocks the engine is expected to have in its prefix cache (its footprint's
+    `cached` there, at least the lease's credit): blocks it need not compute."""
 
     @property
     def shape(self) -> RequestShape:
@@ -107,8 +111,12 @@ class Service:
         responses: ResponseLog | None = None,
         prefixes: PrefixCache | None = None,
         setup: Callable[[str], tuple[TokenCounter, ModelRules]] | None = None,
+        latency: LatencyBook | None = None,
     ) -> None:
         self.pool = pool
+        # Each engine's batch, step costs and running TPOT targets (gateway/latency.py);
+        # None when no service class has targets.
+        self.latency = latency
         self._setup = setup
         self.prefixes = prefixes
         self.models = dict(models or {})
@@ -169,7 +177,9 @@ class Service:
         lease = await self.scheduler.admit(ask)
         if self.prefixes is not None:
             self.prefixes.sent(lease.engine, prompted.blocks.get(lease.engine, ()))
-        return Admitted(lease, self.spec(lease.engine), counted)
+        need = prompted.needs.get(lease.engine)
+        cached = max(lease.credit, need.cached if need is not None else 0)
+        return Admitted(lease, self.spec(lease.engine), counted, cached)
 
     def _prompted(
         self, inbound: Inbound, counted: Counted, needs: Mapping[str, Footprint]

@@ -11,6 +11,10 @@ Contract:
   preemptions; KV usage is the block-weighted mean over ranks.
 - `vllm:cache_config_info` carries no `model_name` label: it describes the whole server, so
   every model on the page gets the same `CacheConfig`.
+- The counters the latency model calibrates from (`StepCounters`: the `_count`/`_sum` of
+  `vllm:iteration_tokens_total` and `vllm:inter_token_latency_seconds`, and
+  `vllm:generation_tokens_total`) are summed over ranks; `steps` is None when any is missing
+  (not flagged in `missing`: admission does not need them).
 - A gauge missing from the page (another vLLM version, another engine) is None, not an error:
   the gateway then admits on its own ledger and configured figures. Anything that is not a
   page we can read, or a value that is not a count or a fraction, raises `MetricsParseError`,
@@ -37,7 +41,16 @@ KV_USAGE_LEGACY = "vllm:gpu_cache_usage_perc"  # name before vLLM 0.9.2
 PREEMPTIONS = "vllm:num_preemptions_total"
 CACHE_CONFIG_INFO = "vllm:cache_config_info"
 
+STEPS = "vllm:iteration_tokens_total_count"
+STEP_TOKENS = "vllm:iteration_tokens_total_sum"
+GENERATED = "vllm:generation_tokens_total"
+DECODE_SECONDS = "vllm:inter_token_latency_seconds_sum"
+DECODE_TOKENS = "vllm:inter_token_latency_seconds_count"
+
 _CORE = (RUNNING, WAITING, KV_USAGE, KV_USAGE_LEGACY, PREEMPTIONS)
+_STEP_COUNTERS = (STEPS, STEP_TOKENS, GENERATED, DECODE_SECONDS, DECODE_TOKENS)
+_CORE_SET = frozenset(_CORE)
+_SERIES = frozenset({*_CORE, *_STEP_COUNTERS})
 _NO_ENGINE = ""  # engine label value for versions that do not label the data-parallel rank
 
 
@@ -79,6 +92,64 @@ class CacheConfig:
         return self.usable_blocks_per_rank * self.dp_size
 
 
+@dataclass(frozen=True, slots=True)
+class StepCounters:
+    """vLLM's counters of the steps it ran (vLLM 0.32's definitions, `vllm/v1/metrics`):
+    `steps` that produced a token (`vllm:iteration_tokens_total_count`), the tokens they
+    processed (`_sum`: prompt tokens computed, counted at each prompt's first token, plus
+    one per token sampled), the tokens sampled (`generated`, `vllm:generation_tokens_total`),
+    and the decode tokens' inter-token latencies (`decode_seconds` over `decode_tokens`,
+    `vllm:inter_token_latency_seconds` `_sum` and `_count`). Cumulative; `since` gives the
+    deltas over an interval."""
+
+    steps: float
+    step_tokens: float
+    generated: float
+    decode_seconds: float
+    decode_tokens: float
+
+    @property
+    def prefill_tokens(self) -> float:
+        """Prompt tokens computed."""
+        return self.step_tokens - self.generated
+
+    @property
+    def step_seconds(self) -> float:
+        """The mean step time a decoding sequence saw (0 without decode tokens)."""
+        return self.decode_seconds / self.decode_tokens if self.decode_tokens > 0 else 0.0
+
+    def since(self, before: StepCounters) -> StepCounters | None:
+        """The counts between `before` and these; None when a counter went down (a
+        restart, a reset) or the deltas disagree (more sampled than processed)."""
+        delta = StepCounters(
+            self.steps - before.steps,
+            self.step_tokens - before.step_tokens,
+            self.generated - before.generated,
+            self.decode_seconds - before.decode_seconds,
+            self.decode_tokens - before.decode_tokens,
+        )
+        if min(delta.steps, delta.step_tokens, delta.generated) < 0:
+            return None
+        if min(delta.decode_seconds, delta.decode_tokens, delta.prefill_tokens) < 0:
+            return None
+        return delta
+
+    @staticmethod
+    def total(counters: Iterable[StepCounters | None]) -> StepCounters | None:
+        """The sum (over ranks, or models); None when any is None or there is none."""
+        got = list(counters)
+        if not got or any(c is None for c in got):
+            return None
+        known = [c for c in got if c is not None]
+        return StepCounters(
+            sum(c.steps for c in known),
+            sum(c.step_tokens for c in known),
+            sum(c.generated for c in known),
+            sum(c.decode_seconds for c in known),
+            sum(c.decode_tokens for c in known),
+        )
+
+
 @dataclass(frozen=True)
 class RankMetrics:
     """One data-parallel rank's gauges (`engine` label value) for one model; None: the page
@@ -89,6 +160,7 @@ class RankMetrics:
     num_requests_waiting: int | None
     kv_cache_usage: float | None
     num_preemptions_total: int | None
+    steps: StepCounters | None = None
 
 
 @dataclass(frozen=True)
@@ -103,6 +175,7 @@ class EngineMetrics:
     num_preemptions_total: int | None
     cache: CacheConfig | None
     ranks: tuple[RankMetrics, ...]
+    steps: StepCounters | None = None
 
     @property
     def missing(self) -> tuple[str, ...]:
@@ -176,7 +249,7 @@ def used_blocks_from_usage(usage: float, num_gpu_blocks: int) -> int:
 
 
 PROCESS_START = "process_start_time_seconds"
-_READ = frozenset({*_CORE, CACHE_CONFIG_INFO, PROCESS_START})
+_READ = frozenset({*_SERIES, CACHE_CONFIG_INFO, PROCESS_START})
 # A sample line: name, labels, value (a float, ±Inf, NaN), an optional timestamp.
 _SAMPLE_LINE = re.compile(
     r"([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{.*\})?[ \t]+"
@@ -203,11 +276,13 @@ def parse_page(text: str) -> MetricsPage:
     # (model, engine) → sample name → value
     series: dict[tuple[str, str], dict[str, float]] = {}
     for s in samples:
-        if s.name in _CORE:
+        if s.name in _SERIES:
             key = (s.labels.get("model_name", ""), s.labels.get("engine", _NO_ENGINE))
             series.setdefault(key, {})[s.name] = s.value
     ranks: dict[str, list[RankMetrics]] = {}
     for (model, engine), values in sorted(series.items(), key=lambda kv: _engine_order(kv[0])):
+        if _CORE_SET.isdisjoint(values):
+            continue  # a model is one with the core gauges
         ranks.setdefault(model, []).append(_rank(model, engine, values))
     models = {model: _aggregate(model, tuple(rs), cache) for model, rs in ranks.items()}
     started = next((s.value for s in samples if s.name == PROCESS_START), None)
@@ -262,7 +337,18 @@ def _rank(model: str, engine: str, values: Mapping[str, float]) -> RankMetrics:
         num_requests_waiting=_count(values, WAITING, where),
         kv_cache_usage=usage,
         num_preemptions_total=_count(values, PREEMPTIONS, where),
+        steps=_step_counters(values, where),
     )
+
+
+def _step_counters(values: Mapping[str, float], where: str) -> StepCounters | None:
+    got = [values.get(name) for name in _STEP_COUNTERS]
+    if any(v is None for v in got):
+        return None
+    numbers = [v for v in got if v is not None]
+    if not all(math.isfinite(v) and v >= 0 for v in numbers):
+        raise MetricsParseError(f"{where}: step counters {numbers} are not counts")
+    return StepCounters(*numbers)
 
 
 def _count(values: Mapping[str, float], name: str, where: str) -> int | None:
@@ -289,6 +375,7 @@ def _aggregate(
         num_preemptions_total=_total(r.num_preemptions_total for r in ranks),
         cache=cache,
         ranks=ranks,
+        steps=StepCounters.total(r.steps for r in ranks),
     )
 
 

@@ -12,7 +12,8 @@ success, after a fresh discovery — so an engine restarted with another KV size
 length is picked up without restarting the gateway. A healthy engine's scrape refreshes what
 it reports in use (blocks, running, waiting), from which, with the gateway's own ledger read
 just before and after, the load that is not the gateway's own is estimated
-(`gateway/core/ledger.py`), and notices a change of its KV geometry. A page that lacks some
+(`gateway/core/ledger.py`), notices a change of its KV geometry, and is handed to the
+latency book when there is one (`pages`: gateway/latency.py). A page that lacks some
 of vLLM's gauges (another version, another engine) does not eject the engine: it is routed on
 the ledger and its configured figures, flagged at `/admin/status` (`missing`).
 Waiting requests look at the pool again at least every `scheduler.POLL_S`, so they see
@@ -50,6 +51,9 @@ At most 5 extra scrapes a second, and only while foreign load keeps a request wa
 OwnLoads = Callable[[], Awaitable[Mapping[str, EngineLoad] | None]]
 """The gateway's own load per engine from its ledger, None when the store cannot say."""
 
+PageReader = Callable[[str, MetricsPage], None]
+"""Given each engine's page after a successful scrape (the latency book's `scraped`)."""
+
 
 def backoff_s(failures: int, interval_s: float, max_s: float) -> float:
     """Delay before the next probe of an engine that failed `failures` times in a row."""
@@ -64,12 +68,14 @@ class EngineMonitor:
         cfg: HealthConfig,
         clock: Callable[[], float] = time.monotonic,
         own_loads: OwnLoads | None = None,
+        pages: PageReader | None = None,
     ) -> None:
         self.pool = pool
         self.client = client
         self.cfg = cfg
         self.clock = clock
         self.own_loads = own_loads
+        self.pages = pages
         self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
@@ -216,6 +222,8 @@ class EngineMonitor:
         if before is not None and after is not None:
             state.foreign = foreign_load(reported, own_during(before, after))
         state.last_scrape = self.clock()
+        if page is not None and self.pages is not None:
+            self.pages(name, page)
         if not was_healthy:
             self.pool.mark_healthy(name)
 

@@ -10,10 +10,13 @@ from gateway.engines.metrics import (
     CacheConfig,
     EngineMetrics,
     MetricsParseError,
+    StepCounters,
     parse_metrics,
     parse_page,
     used_blocks_from_usage,
 )
+from gateway.sim.engine import Engine, EngineLimits, RequestSpec, StepTiming
+from gateway.sim.metrics import EngineMetrics as SimMetrics
 from tests.engines.pages import (
     IDLE,
     SATURATED,
@@ -320,5 +323,91 @@ def test_only_the_lines_read_are_parsed_and_they_give_the_whole_pages_samples(na
     }
     filtered = {(s.name, tuple(sorted(s.labels.items())), s.value) for s in metrics._samples(text)}
     assert filtered == whole
-    read = {metrics.RUNNING, metrics.PREEMPTIONS, metrics.CACHE_CONFIG_INFO}
+    read = {metrics.RUNNING, metrics.PREEMPTIONS, metrics.CACHE_CONFIG_INFO, metrics.STEPS}
+    read |= {metrics.STEP_TOKENS, metrics.GENERATED, metrics.DECODE_SECONDS, metrics.DECODE_TOKENS}
     assert {s[0] for s in whole} >= read
+
+
+# -- the step counters the latency model calibrates from (issue 40) ---------------------------
+
+
+def test_the_step_counters_are_read_from_a_real_vllm_page() -> None:
+    # The capture's own lines: vllm:iteration_tokens_total_count 250, _sum 1825,
+    # vllm:generation_tokens_total 250, vllm:inter_token_latency_seconds _count 241,
+    # _sum 1.0825360019999266.
+    steps = only_model(capture(IDLE)).steps
+    assert steps == StepCounters(250.0, 1825.0, 250.0, 1.0825360019999266, 241.0)
+    assert steps.prefill_tokens == 1575.0
+    assert steps.step_seconds == pytest.approx(1.0825360019999266 / 241)
+
+
+def test_the_step_counters_are_summed_over_data_parallel_ranks() -> None:
+    one = only_model(capture(SATURATED)).steps
+    two = only_model(add_dp_rank(capture(SATURATED), "1")).steps
+    assert one is not None and two is not None
+    assert two == StepCounters(*(2 * getattr(one, f) for f in StepCounters.__slots__))
+
+
+@pytest.mark.parametrize(
+    "series",
+    [
+        "vllm:iteration_tokens_total_count",
+        "vllm:iteration_tokens_total_sum",
+        "vllm:generation_tokens_total",
+        "vllm:inter_token_latency_seconds_sum",
+        "vllm:inter_token_latency_seconds_count",
+    ],
+)
+def test_a_page_without_a_step_counter_has_none_and_is_not_flagged(series: str) -> None:
+    model = only_model(drop_series(capture(IDLE), series))
+    assert model.steps is None
+    assert model.missing == ()  # admission does not need them
+
+
+def test_a_step_counter_that_is_not_a_count_is_refused() -> None:
+    page = set_value(capture(IDLE), "vllm:generation_tokens_total", "-1.0")
+    with pytest.raises(MetricsParseError, match="step counters"):
+        parse_page(page)
+
+
+def test_step_counters_only_give_no_model() -> None:
+    page = "\n".join(
+        line
+        for line in capture(IDLE).splitlines()
+        if line.startswith(("vllm:iteration_tokens_total_", "vllm:generation_tokens_total"))
+    )
+    assert parse_page(page + "\n").models == {}
+
+
+def test_step_counter_deltas_refuse_a_counter_that_went_down() -> None:
+    before = StepCounters(10, 100, 40, 0.5, 30)
+    after = StepCounters(15, 160, 50, 0.6, 38)
+    delta = after.since(before)
+    assert delta is not None
+    assert (delta.steps, delta.prefill_tokens, delta.decode_tokens) == (5, 50, 8)
+    assert delta.step_seconds == pytest.approx(0.1 / 8)
+    assert before.since(after) is None  # a restart: every counter went down
+    assert StepCounters(15, 160, 50, 0.4, 38).since(before) is None  # one went down
+    assert StepCounters(15, 105, 50, 0.6, 38).since(before) is None  # more sampled than processed
+
+
+def test_the_step_counters_are_read_from_the_simulators_page() -> None:
+    # Two requests on a virtual clock: 20- and 40-token prompts, 6 and 3 output tokens,
+    # 10 ms a step + 1 ms per prompt token; every step produces a token.
+    limits = EngineLimits(num_gpu_blocks=64, max_model_len=512)
+    engine = Engine(limits, StepTiming(1.0, 10.0, 0.0))
+    page = SimMetrics(model_name="tiny", limits=limits, snapshot=engine.snapshot, started_at=0.0)
+    now, steps = 0.0, 0
+    engine.add(RequestSpec("a", 20, 6), now)
+    engine.add(RequestSpec("b", 40, 3), now)
+    while engine.has_work():
+        outcome = engine.step(now)
+        page.observe_step(outcome)
+        steps += bool(outcome.tokens)
+        now = outcome.batch.ends_at
+    read = only_model(page.render().decode()).steps
+    assert read is not None
+    assert (read.steps, read.generated, read.prefill_tokens) == (steps, 9, 60)
+    assert read.decode_tokens == 7  # every token but each request's first
+    # The first step prefilled both (70 ms); then 10 ms a step for each decode token.
+    assert read.step_seconds == pytest.approx(0.010)
