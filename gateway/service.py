@@ -13,8 +13,10 @@ from dataclasses import dataclass
 from typing import Literal
 
 from gateway.core.admission import NeverFits, place
+from gateway.core.deadline import Outlook, Verdict, decide
 from gateway.core.footprint import output_budget
 from gateway.core.kvmath import ceil_div
+from gateway.core.latency import BatchSnapshot, predict_tpot, predict_ttft, prefill_after_credit
 from gateway.core.reservation import (
     AdaptivePolicy,
     AdaptiveReservation,
@@ -23,7 +25,14 @@ from gateway.core.reservation import (
     blocks_short,
 )
 from gateway.core.tenants import RateLimitValues
-from gateway.core.types import DEFAULT_TENANT, EngineSpec, Footprint, RequestShape, TenantPolicy
+from gateway.core.types import (
+    DEFAULT_TENANT,
+    EngineSpec,
+    Footprint,
+    RequestShape,
+    ServiceClass,
+    TenantPolicy,
+)
 from gateway.engines.pool import EnginePool
 from gateway.errors import BadRequest, ContextOverflow, ModelNotFound, UpstreamUnavailable
 from gateway.latency import LatencyBook
@@ -45,6 +54,10 @@ UNTRUSTED_TEMPLATE = (
     "Chat template is passed with request, but --trust-request-chat-template is not set. "
     "Refused request with untrusted chat template."
 )
+
+
+IDLE = BatchSnapshot(decoding=0)
+"""An engine with nothing running nor waiting: the least TTFT a request can have there."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,12 +180,18 @@ class Service:
         if isinstance(placement, NeverFits):
             raise ContextOverflow(placement.message, param=placement.param)
         prompted = self._prompted(inbound, counted, placement.needs)
+        cls = inbound.service_class
+        gate = None
+        if self.latency is not None and inbound.generates:
+            gate = self._deadline_gate(self.latency, cls, shape, prompted.needs)
         ask = Ask(
             id=uuid.uuid4().hex,
             needs=prompted.needs,
             tenant=tenant,
             tokens=max(need.tokens for need in placement.needs.values()),
             tenant_max_blocks=self._share_blocks(tenant),
+            gate=gate,
+            targeted=cls is not None and cls.has_targets,
         )
         lease = await self.scheduler.admit(ask)
         if self.prefixes is not None:
@@ -180,6 +199,45 @@ class Service:
         need = prompted.needs.get(lease.engine)
         cached = max(lease.credit, need.cached if need is not None else 0)
         return Admitted(lease, self.spec(lease.engine), counted, cached)
+
+    def _deadline_gate(
+        self,
+        book: LatencyBook,
+        cls: ServiceClass | None,
+        shape: RequestShape,
+        needs: Mapping[str, Footprint],
+    ) -> Callable[[float], Verdict]:
+        """The request's deadline gate (core/deadline.py), asked before each decision: on
+        each engine, its TTFT predicted from the engine's batch and the prefills ahead of it
+        (its own prefill less the blocks expected cached there), the step time with it added,
+        and the running requests' tightest TPOT target. A request without targets (best
+        effort) is still kept off engines where it would break that target."""
+        ttft_s = cls.ttft_s if cls is not None else None
+        tpot_s = cls.tpot_s if cls is not None else None
+        prompt = sum(shape.prompt_tokens) * shape.n
+        own: dict[str, int] = {}
+        for name, need in needs.items():
+            state = self.pool.get(name)
+            if state is not None:
+                own[name] = prefill_after_credit(prompt, need.cached, state.spec.block_size)
+
+        def gate(waited_s: float) -> Verdict:
+            outlooks = []
+            for name, prefill in own.items():
+                costs = book.costs(name)
+                batch = book.snapshot(name)
+                outlooks.append(
+                    Outlook(
+                        name,
+                        ttft_s=predict_ttft(costs, batch, prefill),
+                        step_s=predict_tpot(costs, batch),
+                        idle_ttft_s=predict_ttft(costs, IDLE, prefill),
+                        tightest_tpot_s=book.tightest_tpot(name),
+                    )
+                )
+            return decide(outlooks, ttft_s=ttft_s, tpot_s=tpot_s, waited_s=waited_s)
+
+        return gate
 
     def _prompted(
         self, inbound: Inbound, counted: Counted, needs: Mapping[str, Footprint]
