@@ -16,7 +16,7 @@ from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Literal, Protocol
 
-from gateway.core.deadline import Unattainable, Verdict, Wait
+from gateway.core.deadline import Unattainable, Verdict, Wait, out_of_reach
 from gateway.core.retry import ReleaseRate, RetryAdvice, RetryForecast, Room
 from gateway.core.routing import Candidate
 from gateway.core.types import DEFAULT_TENANT, EngineLoad, EngineView, Footprint, TenantPolicy
@@ -106,6 +106,9 @@ class Ask:
     # gate, every engine of `needs`). `targeted`: the request has a TTFT or TPOT target.
     gate: Callable[[float], Verdict] | None = field(default=None, repr=False, compare=False)
     targeted: bool = field(default=False, repr=False, compare=False)
+    # When the request reached the gateway (the scheduler's clock; None: when admission
+    # began): the gate's `waited_s` counts from it.
+    arrived: float | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "engines", frozenset(self.needs))
@@ -193,14 +196,27 @@ class Scheduler:
         # written by a call the client's departure cut short); handed back unless placed.
         placed = leftover = targeted = False
         left: LineOutcome = "failed"  # if it waited: how it left the line, unless placed
-        arrived = self.clock()
+        arrived = self.clock() if ask.arrived is None else ask.arrived
         try:
-            first = await self._gated(ask, queued=False, waited_s=0.0)
+            first = await self._gated(ask, queued=False, waited_s=self.clock() - arrived)
             if isinstance(first, Lease):
                 placed = True
                 return first
             if isinstance(first, Refusal):
                 await self._refuse_unless_waitable(ask, first)
+            elif out_of_reach(
+                first,
+                ahead=self.targeted_waiting,
+                admitted_per_s=self.rate.seqs_per_second(self.clock()),
+            ):
+                raise RateLimited(
+                    f"This request cannot get its first token within its service class's "
+                    f"target: {self.targeted_waiting} requests with targets wait ahead of it, "
+                    f"and engines take about {self.rate.seqs_per_second(self.clock()):.3g} a "
+                    f"second.",
+                    code="slo_unattainable",
+                    retry=await self._advice(ask, queued=False, promise=False),
+                )
             entry = QueueEntry(ask.id, ask.tenant, ask.engines, ask.blocks, self.max_wait_s)
             leftover = True  # until the store says no: its answer may be lost (Redis timeout)
             places = self._line_places(claimed)

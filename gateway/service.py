@@ -161,9 +161,12 @@ class Service:
         *,
         exclude: frozenset[str] = frozenset(),
         counted: Counted | None = None,
+        arrived: float | None = None,
     ) -> Admitted:
         """A lease on an engine for this request (not on `exclude`); raises a `GatewayError`
-        otherwise. Pass the `counted` of an earlier admission to skip counting again."""
+        otherwise. Pass the `counted` of an earlier admission to skip counting again;
+        `arrived`: when the request reached the gateway (the scheduler's clock), from which
+        its TTFT target counts (None: now)."""
         serving = self.pool.serving(inbound.model)
         if not serving:
             name = inbound.model if len(inbound.model) <= 200 else inbound.model[:200] + "…"
@@ -192,6 +195,7 @@ class Service:
             tenant_max_blocks=self._share_blocks(tenant),
             gate=gate,
             targeted=cls is not None and cls.has_targets,
+            arrived=arrived,
         )
         lease = await self.scheduler.admit(ask)
         if self.prefixes is not None:

@@ -100,3 +100,14 @@ def _fits(o: Outlook, left_s: float, tpot_s: float | None) -> bool:
     if tpot_s is not None and o.step_s > tpot_s:
         return False
     return o.tightest_tpot_s is None or o.step_s <= o.tightest_tpot_s
+
+
+def out_of_reach(wait: Wait, *, ahead: int, admitted_per_s: float | None) -> bool:
+    """A request told to `wait` behind `ahead` others with targets cannot expect its turn
+    before its deadline: at `admitted_per_s` (the recent rate at which requests left for
+    engines, None: not known) its turn comes after about `(ahead + 1) / admitted_per_s`
+    seconds, later than `wait.for_s`. Then it is refused at once rather than after waiting
+    for nothing (an estimate: never when the rate is unknown or nobody is ahead)."""
+    if ahead <= 0 or not admitted_per_s or math.isinf(wait.for_s):
+        return False
+    return (ahead + 1) / admitted_per_s > wait.for_s

@@ -91,3 +91,14 @@ def test_eligible_engines_meet_every_target_and_the_others_do_not(rows, ttft, tp
         assert isinstance(got, Unattainable) == (best > left)
         if isinstance(got, Wait):
             assert 0 <= got.for_s <= left
+
+
+def test_out_of_reach_when_the_line_ahead_outlasts_the_deadline():
+    from gateway.core.deadline import out_of_reach
+
+    wait = Wait(0.5)
+    assert out_of_reach(wait, ahead=3, admitted_per_s=4.0)  # ~1 s to its turn
+    assert not out_of_reach(wait, ahead=1, admitted_per_s=4.0)  # ~0.5 s: may make it
+    assert not out_of_reach(wait, ahead=0, admitted_per_s=0.1)  # first in line: it waits
+    assert not out_of_reach(wait, ahead=9, admitted_per_s=None)  # no rate: no guess
+    assert not out_of_reach(Wait(math.inf), ahead=9, admitted_per_s=1.0)  # no deadline

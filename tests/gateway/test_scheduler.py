@@ -466,7 +466,7 @@ async def test_the_store_sees_only_the_engines_the_gate_leaves():
 
     leases = [await s.admit(gated_ask(gate)) for _ in range(3)]
     assert {lease.engine for lease in leases} == {"b"}  # "a" had as much room: not asked
-    assert seen == [0.0, 0.0, 0.0]
+    assert len(seen) == 3 and all(0.0 <= w < 0.1 for w in seen)  # at once, from arrival
 
 
 async def test_waits_while_the_gate_says_wait_then_goes():
@@ -482,7 +482,7 @@ async def test_waits_while_the_gate_says_wait_then_goes():
 
     lease = await asyncio.wait_for(s.admit(gated_ask(gate)), 5)
     assert lease.engine == "a" and len(calls) == 3
-    assert calls[0] == 0.0 and calls[1] > 0.0 and calls[2] >= calls[1]
+    assert 0.0 <= calls[0] < 0.1 and calls[1] > calls[0] and calls[2] >= calls[1]
     assert await store.queue_length() == 0 and s.targeted_waiting == 0
 
 
@@ -515,3 +515,50 @@ async def test_a_waiting_request_is_refused_when_its_deadline_is_gone():
     assert e.value.code == "slo_unattainable"
     assert 0.2 <= time.monotonic() - started < 2.0  # at its deadline, not max_wait_s
     assert await store.queue_length() == 0 and s.targeted_waiting == 0
+
+
+async def test_refused_at_once_when_the_line_ahead_outlasts_its_deadline():
+    """Three requests with targets wait; engines take about 2 a second: a fourth with 0.5 s
+    left of its TTFT target would wait ~2 s for its turn, so it is refused at once."""
+    from gateway.core.deadline import Wait
+
+    store = InMemoryStore(Router(), random.Random(0))
+    s = scheduler(store, pool=EnginePool(list(TWO)), max_wait_s=30.0)
+    now = time.monotonic()
+    for i in range(10):  # releases seen over the last 5 s: 2 sequences a second
+        s.rate.record(now - 5 + i * 0.5, blocks=2, seqs=1)
+    waiting = [asyncio.create_task(s.admit(gated_ask(lambda w: Wait(30.0)))) for _ in range(3)]
+    for _ in range(100):
+        if s.targeted_waiting == 3:
+            break
+        await asyncio.sleep(0.01)
+    assert s.targeted_waiting == 3
+    started = time.monotonic()
+    with pytest.raises(RateLimited) as e:
+        await s.admit(gated_ask(lambda w: Wait(0.5)))
+    assert e.value.code == "slo_unattainable" and "3 requests" in str(e.value)
+    assert time.monotonic() - started < 0.5
+    # With 2 s left it may make it: it waits (here until it is cancelled).
+    hopeful = asyncio.create_task(s.admit(gated_ask(lambda w: Wait(2.5))))
+    await asyncio.sleep(0.2)
+    assert not hopeful.done()
+    for t in (*waiting, hopeful):
+        t.cancel()
+    await asyncio.gather(*waiting, hopeful, return_exceptions=True)
+    assert s.targeted_waiting == 0 and await store.queue_length() == 0
+
+
+async def test_the_gate_counts_the_wait_from_the_requests_arrival():
+    from gateway.core.deadline import Eligible
+
+    store = InMemoryStore(Router(), random.Random(0))
+    s = scheduler(store, pool=EnginePool(list(TWO)))
+    seen = []
+
+    def gate(waited_s):
+        seen.append(waited_s)
+        return Eligible(frozenset({"a"}))
+
+    ask = replace(gated_ask(gate), arrived=time.monotonic() - 0.7)  # counted for 0.7 s
+    await s.admit(ask)
+    assert 0.7 <= seen[0] < 0.8
