@@ -1,15 +1,8 @@
-"""The line's burst credit, on both backends; and the two backends order the line alike."""
+"""The line's burst credit, on both backends. (That the two order the line alike, rule for
+rule: tests/state/test_lua_differential.py.)"""
 
-import random
-from dataclasses import replace
-
-import pytest
-
-from gateway.core.routing import Router
 from gateway.core.types import TenantPolicy
 from gateway.state.base import Lease, Refusal
-from gateway.state.memory import InMemoryStore
-from tests.state.conftest import drop_keys, new_prefix, redis_store
 from tests.state.test_conformance import queue_entry, release_all, spec, tenant_ask
 
 
@@ -76,77 +69,3 @@ async def test_a_newcomer_with_credit_passes_a_waiting_backlog(store_with):
     assert await store.try_admit(tenant_ask(a, quiet, blocks=1)) == Refusal("queued_ahead")
     await store.dequeue(waiting.lease_id)
     await release_all(store, [held, fresh])
-
-
-@pytest.mark.redis
-@pytest.mark.parametrize("seed", range(12))
-async def test_both_backends_decide_alike(seed):
-    """One random sequence of admissions, joins, departures and releases by tenants of
-    different weights and priorities, run on the in-process store and on Redis: every
-    verdict is the same (the Lua scripts implement the core's order and credit).
-
-    The headroom rule is off here: it reads time-averaged usage, which each store takes from
-    its own clock at a slightly different moment; tests/state/test_headroom.py runs it on
-    both backends."""
-    rng = random.Random(seed)
-    burst = rng.choice([0, 5, 20, 64])
-    memory = InMemoryStore(Router(), random.Random(0), burst_blocks=burst, headroom=0.0)
-    prefix = new_prefix()
-    shared = redis_store(prefix, burst_blocks=burst, headroom=0.0)
-    stores = (memory, shared)
-    a = spec("a", blocks=41, seqs=100)
-    tenants = [
-        TenantPolicy("t1"),
-        TenantPolicy("t2", weight=2.0),
-        TenantPolicy("t3", weight=0.5),
-        TenantPolicy("vip", priority=1),
-    ]
-    queued: list = []
-    held: list[list[Lease]] = []
-    try:
-        for _ in range(120):
-            op = rng.random()
-            if op < 0.45:
-                tenant = rng.choice(tenants[:3] if rng.random() < 0.9 else tenants)
-                x = tenant_ask(a, tenant, blocks=rng.randint(1, 12))
-                got = [await s.try_admit(x) for s in stores]
-                assert type(got[0]) is type(got[1]) and (
-                    isinstance(got[0], Lease) or got[0] == got[1]
-                ), got
-                if isinstance(got[0], Lease):
-                    held.append(got)
-                else:
-                    e = queue_entry(x, tenant, x.candidates[0].need.blocks, max_wait_s=600)
-                    verdicts = [await s.enqueue(e, max_length=30) for s in stores]
-                    assert verdicts[0] == verdicts[1]
-                    queued.append(replace(x, queued=True))
-            elif op < 0.7 and held:
-                leases = held.pop(rng.randrange(len(held)))
-                for s, lease in zip(stores, leases, strict=True):
-                    await s.release(lease)
-            elif op < 0.8 and queued:
-                x = queued.pop(rng.randrange(len(queued)))
-                for s in stores:
-                    await s.dequeue(x.lease_id)
-            # Waiters retry in the order they joined; a refusal must be the same on both.
-            for x in list(queued):
-                got = [await s.try_admit(x) for s in stores]
-                assert type(got[0]) is type(got[1]) and (
-                    isinstance(got[0], Lease) or got[0] == got[1]
-                ), got
-                if isinstance(got[0], Lease):
-                    queued.remove(x)
-                    held.append(got)
-            assert await memory.queue_length() == await shared.queue_length()
-        for x in queued:
-            for s in stores:
-                await s.dequeue(x.lease_id)
-        for leases in held:
-            for s, lease in zip(stores, leases, strict=True):
-                await s.release(lease)
-        for s in stores:
-            assert await s.totals() == await memory.totals()
-    finally:
-        for s in stores:
-            await s.close()
-        await drop_keys(prefix)
