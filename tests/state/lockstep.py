@@ -1,7 +1,6 @@
-"""Two in-process stores driven in lockstep by the same random operations, for the tests
-that show one deciding exactly as the other (`test_memory_equivalence`,
-`test_engine_groups`): the operations besides admission, each applied to both, their
-answers compared."""
+"""Two stores driven in lockstep by the same random operations, for the tests that show one
+deciding exactly as the other (`test_engine_groups`, `test_redis_engine_groups`): the
+operations besides admission, each applied to both, their answers compared."""
 
 from __future__ import annotations
 
