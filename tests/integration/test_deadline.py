@@ -181,9 +181,7 @@ async def test_best_effort_is_kept_off_a_batch_at_its_tpot_target():
                 return time.monotonic() - began
 
             # Four interactive requests fill the batch to its target (10 + 5 × 4 = 30 ms).
-            held = [
-                asyncio.create_task(one({HEADER: "interactive"}, 60)) for _ in range(MOST)
-            ]
+            held = [asyncio.create_task(one({HEADER: "interactive"}, 60)) for _ in range(MOST)]
             for _ in range(200):
                 if await running_on(sim.url, http) >= MOST:
                     break
