@@ -245,7 +245,7 @@ class Exchange:
         self.identify(tenant)
         self._inbound = inbound
         self.model, self.streaming = inbound.model, inbound.stream
-        admitted = await desk.service.admit(inbound, tenant, arrived=self.arrived)
+        admitted = await desk.service.admit(inbound, tenant, since_s=desk.clock() - self.arrived)
         self._waited = desk.clock() - self.arrived
         desk.metrics.admission_wait.labels(self.model).observe(self._waited)
         desk.metrics.admitted(tenant.name)  # and in flight until `_account`
@@ -527,7 +527,7 @@ class Exchange:
                 self.tenant,
                 exclude=frozenset({admitted.engine.name}),
                 counted=admitted.counted,
-                arrived=self.arrived,
+                since_s=desk.clock() - self.arrived,
             )
             self.lease = admitted.lease
             try:
@@ -569,7 +569,10 @@ class Exchange:
                 retry=RetryAdvice(ENGINE_FULL_HOLD_S * MIN_ENGINE_REFUSALS),
             )
         again = await desk.service.admit(
-            self._inbound, self.tenant, counted=admitted.counted, arrived=self.arrived
+            self._inbound,
+            self.tenant,
+            counted=admitted.counted,
+            since_s=desk.clock() - self.arrived,
         )
         self.lease = again.lease
         return again

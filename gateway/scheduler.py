@@ -106,9 +106,9 @@ class Ask:
     # gate, every engine of `needs`). `targeted`: the request has a TTFT or TPOT target.
     gate: Callable[[float], Verdict] | None = field(default=None, repr=False, compare=False)
     targeted: bool = field(default=False, repr=False, compare=False)
-    # When the request reached the gateway (the scheduler's clock; None: when admission
-    # began): the gate's `waited_s` counts from it.
-    arrived: float | None = field(default=None, repr=False, compare=False)
+    # How long before admission began the request reached the gateway: the gate's
+    # `waited_s` counts from its arrival (a duration, so any clock can measure it).
+    since_s: float = field(default=0.0, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "engines", frozenset(self.needs))
@@ -196,7 +196,7 @@ class Scheduler:
         # written by a call the client's departure cut short); handed back unless placed.
         placed = leftover = targeted = False
         left: LineOutcome = "failed"  # if it waited: how it left the line, unless placed
-        arrived = self.clock() if ask.arrived is None else ask.arrived
+        arrived = self.clock() - max(0.0, ask.since_s)
         try:
             first = await self._gated(ask, queued=False, waited_s=self.clock() - arrived)
             if isinstance(first, Lease):

@@ -161,12 +161,12 @@ class Service:
         *,
         exclude: frozenset[str] = frozenset(),
         counted: Counted | None = None,
-        arrived: float | None = None,
+        since_s: float = 0.0,
     ) -> Admitted:
         """A lease on an engine for this request (not on `exclude`); raises a `GatewayError`
         otherwise. Pass the `counted` of an earlier admission to skip counting again;
-        `arrived`: when the request reached the gateway (the scheduler's clock), from which
-        its TTFT target counts (None: now)."""
+        `since_s`: how long ago the request reached the gateway (its TTFT target counts from
+        then)."""
         serving = self.pool.serving(inbound.model)
         if not serving:
             name = inbound.model if len(inbound.model) <= 200 else inbound.model[:200] + "…"
@@ -195,7 +195,7 @@ class Service:
             tenant_max_blocks=self._share_blocks(tenant),
             gate=gate,
             targeted=cls is not None and cls.has_targets,
-            arrived=arrived,
+            since_s=since_s,
         )
         lease = await self.scheduler.admit(ask)
         if self.prefixes is not None:

@@ -82,7 +82,7 @@ class Refusing:
     def __init__(self, code: str) -> None:
         self.code = code
 
-    async def admit(self, inbound: Inbound, tenant: TenantPolicy) -> Any:
+    async def admit(self, inbound: Inbound, tenant: TenantPolicy, **_: Any) -> Any:
         raise RateLimited("refused", code=self.code, retry=RetryAdvice(1.0))
 
 
