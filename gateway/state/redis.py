@@ -48,6 +48,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
 from importlib import resources
+from importlib.resources.abc import Traversable
 from typing import Any
 
 import redis.asyncio as aioredis
@@ -133,10 +134,15 @@ MIN_CONNECTIONS = 3  # the listener, the renewals, and at least one for the requ
 REDIS_ERRORS: tuple[type[BaseException], ...] = (RedisConnectionError, RedisTimeoutError, OSError)
 
 
+LUA_DIR: Traversable = resources.files("gateway.state") / "lua"
+"""Where the scripts are read from: the package's. (tests/state/mutate_lua.py points it at a
+changed copy, before any store is made.)"""
+
+
 @functools.cache
 def _lua(name: str) -> str:
-    """A Lua file of the package (read once per process)."""
-    return (resources.files("gateway.state") / "lua" / f"{name}.lua").read_text()
+    """A Lua file of `LUA_DIR` (read once per process)."""
+    return (LUA_DIR / f"{name}.lua").read_text()
 
 
 def _script_source(name: str) -> str:
