@@ -50,7 +50,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-from gateway.core.latency import prefill_after_credit
+from gateway.core.latency import request_prefill
 from gateway.core.retry import RetryAdvice
 from gateway.core.tenants import RateLimitValues
 from gateway.core.types import DEFAULT_TENANT, ServiceClass, TenantPolicy
@@ -376,13 +376,13 @@ class Exchange:
         shape, spec = admitted.shape, admitted.engine
         if self.kind not in PATHS or not shape.prompt_tokens:
             return
-        first, *rest = shape.prompt_tokens
-        prefill = prefill_after_credit(first, admitted.cached, spec.block_size) + sum(rest)
-        again = min(prefill, spec.block_size) if spec.prefix_caching else prefill
+        prefill = request_prefill(
+            shape.prompt_tokens, shape.n, admitted.cached, spec.block_size, spec.prefix_caching
+        )
         service_class = self.service_class
         self._sent = book.sent(
             spec.name,
-            prefill + again * (shape.n - 1),
+            prefill,
             service_class.tpot_s if service_class is not None else None,
             streamed=self.streaming,
             seqs=shape.n * len(shape.prompt_tokens),

@@ -16,7 +16,7 @@ from gateway.core.admission import NeverFits, place
 from gateway.core.deadline import Outlook, Verdict, decide
 from gateway.core.footprint import output_budget
 from gateway.core.kvmath import ceil_div
-from gateway.core.latency import BatchSnapshot, predict_tpot, predict_ttft, prefill_after_credit
+from gateway.core.latency import BatchSnapshot, predict_tpot, predict_ttft, request_prefill
 from gateway.core.reservation import (
     AdaptivePolicy,
     AdaptiveReservation,
@@ -218,12 +218,14 @@ class Service:
         effort) is still kept off engines where it would break that target."""
         ttft_s = cls.ttft_s if cls is not None else None
         tpot_s = cls.tpot_s if cls is not None else None
-        prompt = sum(shape.prompt_tokens) * shape.n
         own: dict[str, int] = {}
         for name, need in needs.items():
             state = self.pool.get(name)
             if state is not None:
-                own[name] = prefill_after_credit(prompt, need.cached, state.spec.block_size)
+                spec = state.spec
+                own[name] = request_prefill(
+                    shape.prompt_tokens, shape.n, need.cached, spec.block_size, spec.prefix_caching
+                )
 
         def gate(waited_s: float) -> Verdict:
             outlooks = []

@@ -14,7 +14,7 @@ docs/latency.md has the equations, the calibration and what the model cannot kno
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 __all__ = [
@@ -114,6 +114,21 @@ def prefill_after_credit(prompt_tokens: int, cached_blocks: int, block_size: int
     `(prompt_tokens − 1) // block_size` blocks can hit. At least 1."""
     hit = max(0, min(cached_blocks, (prompt_tokens - 1) // block_size))
     return max(1, prompt_tokens - hit * block_size)
+
+
+def request_prefill(
+    prompts: Sequence[int], n: int, cached_blocks: int, block_size: int, caches: bool
+) -> int:
+    """The prefill a request costs an engine: its first prompt less the blocks expected
+    cached there, its other prompts whole; each further sequence of `n` again, or only its
+    last block where the engine caches prefixes (vLLM caches a prompt's blocks as it
+    schedules them). 0 without prompts."""
+    if not prompts:
+        return 0
+    first, *rest = prompts
+    prefill = prefill_after_credit(first, cached_blocks, block_size) + sum(rest)
+    again = min(prefill, block_size) if caches else prefill
+    return prefill + again * (n - 1)
 
 
 def ttft_work(batch: BatchSnapshot, prefill_tokens: int, chunk_tokens: int) -> StepWork | None:

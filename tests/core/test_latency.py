@@ -578,3 +578,14 @@ def test_registry_forgets_engines_that_left():
     assert set(models) == {"e1"} and len(models) == 1
     assert models.calibrator("e2").observations == 0  # back: from the configured costs
     assert models.costs("e2") == WRONG
+
+
+def test_request_prefill_counts_later_sequences_as_cached_only_where_the_engine_caches():
+    from gateway.core.latency import request_prefill
+
+    # 100-token prompt, 2 blocks of 16 expected cached: 68 to compute for the first sequence.
+    assert request_prefill((100,), 1, 2, 16, caches=True) == 68
+    assert request_prefill((100,), 3, 2, 16, caches=True) == 68 + 2 * 16  # then its last block
+    assert request_prefill((100,), 3, 2, 16, caches=False) == 3 * 68
+    assert request_prefill((100, 40), 1, 0, 16, caches=True) == 140  # the other prompt whole
+    assert request_prefill((), 2, 0, 16, caches=True) == 0
