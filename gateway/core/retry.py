@@ -45,34 +45,51 @@ seconds (rounded up, so up to 1 s late), and a client's clock and network add a 
 
 
 class ReleaseRate:
-    """Sequences and blocks released per second over the last `window_s` seconds."""
+    """Sequences and blocks released per second over the last `window_s` seconds.
+
+    Bounded whatever the rate: releases within `window_s / BUCKETS` of the first of a bucket
+    are summed into it, so at most `BUCKETS + 1` buckets are kept (a release leaves the
+    window with its bucket's first, at most `window_s / BUCKETS` early)."""
+
+    BUCKETS = 256
 
     def __init__(self, window_s: float = 30.0) -> None:
         if window_s <= 0:
             raise ValueError("window_s must be > 0")
         self.window_s = window_s
-        self._events: deque[tuple[float, int, int]] = deque()  # (time, blocks, seqs)
+        self._width = window_s / self.BUCKETS
+        # [time of its first release, blocks, sequences, releases], oldest first
+        self._buckets: deque[list[float]] = deque()
         self._blocks = 0
         self._seqs = 0
+        self._releases = 0
 
     def record(self, now: float, blocks: int, seqs: int = 1) -> None:
-        self._events.append((now, blocks, seqs))
+        last = self._buckets[-1] if self._buckets else None
+        if last is not None and 0.0 <= now - last[0] < self._width:
+            last[1] += blocks
+            last[2] += seqs
+            last[3] += 1
+        else:
+            self._buckets.append([now, blocks, seqs, 1])
         self._blocks += blocks
         self._seqs += seqs
+        self._releases += 1
         self._trim(now)
 
     def _trim(self, now: float) -> None:
-        while self._events and self._events[0][0] < now - self.window_s:
-            _, blocks, seqs = self._events.popleft()
-            self._blocks -= blocks
-            self._seqs -= seqs
+        while self._buckets and self._buckets[0][0] < now - self.window_s:
+            _, blocks, seqs, releases = self._buckets.popleft()
+            self._blocks -= int(blocks)
+            self._seqs -= int(seqs)
+            self._releases -= int(releases)
 
     def _span(self, now: float) -> float | None:
         """None until at least two releases were seen in the window (no rate to speak of)."""
         self._trim(now)
-        if len(self._events) < 2:
+        if self._releases < 2:
             return None
-        return max(now - self._events[0][0], 1.0)
+        return max(now - self._buckets[0][0], 1.0)
 
     def per_second(self, now: float) -> float | None:
         """Blocks released per second; None without a rate."""

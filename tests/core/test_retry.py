@@ -25,6 +25,19 @@ def test_rate_needs_two_events_and_forgets_old_ones():
     assert r.per_second(20) is None
 
 
+def test_rate_keeps_a_bounded_memory_whatever_the_rate():
+    """10,000 releases a second for a whole window: the same rate as one at a time would
+    give, kept in at most `BUCKETS + 1` buckets (issue 38: a structure per request must have
+    a bound that does not grow with the load)."""
+    r = ReleaseRate(window_s=30)
+    for i in range(400_000):  # 40 s at 10,000/s: the first 10 s fall out of the window
+        r.record(i / 10_000, blocks=3)
+    now = 399_999 / 10_000
+    assert len(r._buckets) <= ReleaseRate.BUCKETS + 1
+    assert r.seqs_per_second(now) == pytest.approx(10_000, rel=0.01)
+    assert r.per_second(now) == pytest.approx(30_000, rel=0.01)
+
+
 def rated(seqs_per_s: float, blocks_per_seq: int, fallback_s: float = 2.0) -> RetryForecast:
     """A forecast whose rate is `seqs_per_s` sequences of `blocks_per_seq` blocks a second."""
     rate = ReleaseRate(window_s=100)

@@ -588,6 +588,22 @@ def test_the_pool_must_leave_room_for_the_request_path():
 # ---- losing Redis ----------------------------------------------------------------------
 
 
+async def test_dequeues_kept_for_a_lost_redis_are_bounded(monkeypatch):
+    """Requests that leave the line while Redis is away are dequeued again once it is back,
+    but only up to `PENDING_DEQUEUES_MAX` (issue 38: memory stays bounded in a long outage
+    under load; the rest expire in Redis by themselves). The cap lowered to 20 here."""
+    monkeypatch.setattr(redis_store_module, "PENDING_DEQUEUES_MAX", 20)
+    store = RedisStore(f"redis://127.0.0.1:{closed_port()}/0", ["most_free_blocks"], replica_id="r")
+    try:
+        for i in range(50):
+            await store.dequeue(f"gone-{i}")  # never raises
+        assert len(store._pending_dequeue) == 20
+        assert store.pending == 20
+        assert store._pending_dequeue == {f"gone-{i}" for i in range(20)}  # the first kept
+    finally:
+        await store.close()
+
+
 async def test_unreachable_redis_fails_closed():
     store = RedisStore(f"redis://127.0.0.1:{closed_port()}/0", ["most_free_blocks"], replica_id="r")
     try:
