@@ -6,10 +6,11 @@ ejects the engine from routing at once. A slow answer ejects it only after
 requests their answers and stream chunks (`EngineState.progress` moved during the probe)
 and has started a new answer within `busy_grace_s`: vLLM on a saturated host answers
 `/health` and renders `/metrics` late while it generates, and ejecting it then would fail
-every request queued for it. An ejected engine is probed
-again after 1, 2, 4 … scrape intervals (at most `backoff_max_s`) and readmitted on the first
-success, after a fresh discovery — so an engine restarted with another KV size or context
-length is picked up without restarting the gateway. A healthy engine's scrape refreshes what
+every request queued for it. An ejected engine is probed again after 1, 2, 4 … scrape
+intervals (at most `backoff_max_s`; its failed probes alone count, not requests that fail
+while it is out) and readmitted on the first success, after a fresh discovery — so an engine
+restarted with another KV size or context length is picked up without restarting the gateway.
+A healthy engine's scrape refreshes what
 it reports in use (blocks, running, waiting), from which, with the gateway's own ledger read
 just before and after, the load that is not the gateway's own is estimated
 (`gateway/core/ledger.py`), notices a change of its KV geometry, and is handed to the
@@ -109,7 +110,21 @@ class EngineMonitor:
         await asyncio.gather(*(self.probe(e) for e in due))
 
     def eject(self, name: str, reason: str) -> None:
-        """Take an engine out of routing now (a probe, or the proxy, saw it fail)."""
+        """Take an engine out of routing now: a request could not reach it (the proxy).
+        An engine already out stays as it is: requests sent there before its ejection
+        that fail afterwards neither count as failed probes nor put off its next probe,
+        so it is readmitted as soon as the back-off of its probes alone allows."""
+        state = self.pool.get(name)
+        if state is None:
+            return
+        if not state.healthy:
+            log.debug("engine %s, already out of routing, failed a request: %s", name, reason)
+            return
+        self._failed(name, reason)
+
+    def _failed(self, name: str, reason: str) -> None:
+        """Out of routing (or kept out) after a failed probe or request: probed again after
+        1, 2, 4 … scrape intervals, one more doubling per failure in a row."""
         state = self.pool.get(name)
         if state is None:
             return
@@ -146,11 +161,11 @@ class EngineMonitor:
             state.suspect += 1
             log.debug("engine %s: probe timed out (%d in a row)", name, state.suspect)
             if not state.healthy or state.suspect >= self.cfg.timeouts_to_eject:
-                self.eject(name, f"no answer within {self.cfg.timeout_s:g} s ({state.suspect}×)")
+                self._failed(name, f"no answer within {self.cfg.timeout_s:g} s ({state.suspect}×)")
             return
         except (httpx.HTTPError, DiscoveryError) as e:
             log.debug("engine %s: probe failed: %s: %s", name, type(e).__name__, e)
-            self.eject(name, f"{type(e).__name__}: {e}")
+            self._failed(name, f"{type(e).__name__}: {e}")
             return
         was_healthy = state.healthy
         state.suspect = 0

@@ -175,6 +175,46 @@ async def test_restarted_engine_is_readmitted_with_its_new_capacity():
         assert r.status_code == 200
 
 
+async def test_requests_failing_while_an_engine_is_down_do_not_delay_its_return():
+    """Issue 42: under load, the requests sent to an engine just before it went down fail
+    after it was ejected; each used to count as a failed probe and double its back-off (in
+    a rolling restart, an engine answering again after 0.9 s was readmitted 30 s later).
+    Here eight such failures are reported the way the proxy reports them (the runtime's
+    ejector, as `Exchange._send_with_failover` calls it: timing eight requests into that
+    window with real load would make the test flaky); the engine, restarted, must be back
+    within the back-off of its failed probes alone, far below `backoff_max_s` (30 s)."""
+    async with (
+        sims({"num_gpu_blocks": 65}) as [a],
+        gateway(
+            [{"name": "a", "url": a.url}],
+            health={"scrape_interval_s": INTERVAL, "timeout_s": 1.0, "backoff_max_s": 30.0},
+        ) as (url, runtime),
+        httpx.AsyncClient() as http,
+    ):
+        a.kill()
+        for _ in range(100):
+            if not (await status(http, url))["a"]["healthy"]:
+                break
+            await asyncio.sleep(0.05)
+        for _ in range(8):
+            runtime.monitor.eject("a", "ConnectError: refused (a request sent before)")
+        failures = runtime.pool.get("a").failures
+        assert failures <= 2  # its probes only: 8 more would have made it 10
+        await a.astart()
+        back_at = time.monotonic()
+        # Its next probe is due within its probes' back-off, INTERVAL x 2^(failures - 1):
+        # allowed twice that and a second (the sim started meanwhile: more probes failed).
+        allowed = INTERVAL * 2 ** runtime.pool.get("a").failures + 1.0
+        assert allowed < 30.0
+        while not (await status(http, url))["a"]["healthy"]:
+            assert time.monotonic() - back_at < allowed, "not readmitted in time"
+            await asyncio.sleep(0.05)
+        r = await http.post(
+            url + "/v1/completions", json={"model": "tiny", "prompt": "x", "max_tokens": 2}
+        )
+        assert r.status_code == 200
+
+
 async def test_a_model_first_seen_when_an_engine_comes_back_is_served():
     """The engine comes back serving another model: the gateway learns it at rediscovery
     and sets up its counter then (this was a 500: no counter for a model not served at
