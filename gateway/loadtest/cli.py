@@ -10,18 +10,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
-from pathlib import Path
-from typing import Any
 
-from gateway.loadtest import options, report
+from gateway.loadtest import compare, options, sweep
 from gateway.loadtest.aggregate import parse_slo
 from gateway.loadtest.measure import measure
+from gateway.loadtest.outcome import EXIT_INTERRUPTED, PROG, fail, finish
 from gateway.loadtest.prompts import PromptBuilder, PromptError
 from gateway.loadtest.targets import TargetError, parse_target, read_secret, resolve
 from gateway.traces import TraceError
-
-PROG = "kv-gateway loadtest"
-EXIT_BAD_INPUT, EXIT_FAILED, EXIT_INTERRUPTED = 2, 1, 130
 
 
 class UsageError(ValueError):
@@ -33,16 +29,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     run = sub.add_parser("run", help="one workload against one target")
     run.add_argument("--target", required=True, help="[NAME=]URL[,URL...] (several: round robin)")
     options.add_workload_arguments(run)
-    compare = sub.add_parser("compare", help="one workload against several targets")
-    from gateway.loadtest import compare as compare_mod
-
-    compare_mod.add_arguments(compare)
-    options.add_workload_arguments(compare)
-    sweep = sub.add_parser("sweep", help="vary one setting, same workload at each value")
-    from gateway.loadtest import sweep as sweep_mod
-
-    sweep_mod.add_arguments(sweep)
-    options.add_workload_arguments(sweep)
+    compare_parser = sub.add_parser("compare", help="one workload against several targets")
+    compare.add_arguments(compare_parser)
+    options.add_workload_arguments(compare_parser)
+    sweep_parser = sub.add_parser("sweep", help="vary one setting, same workload at each value")
+    sweep.add_arguments(sweep_parser)
+    options.add_workload_arguments(sweep_parser)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -50,13 +42,9 @@ def run(args: argparse.Namespace) -> int:
         if args.plots is not None:
             require_matplotlib()
         if args.loadtest_command == "compare":
-            from gateway.loadtest import compare as compare_mod
-
-            return compare_mod.run(args)
+            return compare.run(args)
         if args.loadtest_command == "sweep":
-            from gateway.loadtest import sweep as sweep_mod
-
-            return sweep_mod.run(args)
+            return sweep.run(args)
         return asyncio.run(_run_one(args))
     except (UsageError, ValueError, TargetError, TraceError, PromptError) as exc:
         return fail(str(exc))
@@ -65,27 +53,11 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_INTERRUPTED
 
 
-def fail(message: str) -> int:
-    first = message.strip().splitlines()[0] if message.strip() else "error"
-    print(f"{PROG}: error: {first}", file=sys.stderr)
-    return EXIT_BAD_INPUT
-
-
 def require_matplotlib() -> None:
     try:
         import matplotlib  # noqa: F401
     except ImportError:
         raise UsageError("--plots needs matplotlib: pip install 'kv-gateway[loadtest]'") from None
-
-
-def admin_key(args: argparse.Namespace) -> str | None:
-    return read_secret(args.admin_key_env, args.admin_key_file, "admin key")
-
-
-def engine_metrics(args: argparse.Namespace) -> tuple[str, ...]:
-    if not args.engine_metrics:
-        return ()
-    return tuple(u.strip().rstrip("/") for u in args.engine_metrics.split(",") if u.strip())
 
 
 async def _run_one(args: argparse.Namespace) -> int:
@@ -96,9 +68,9 @@ async def _run_one(args: argparse.Namespace) -> int:
         name,
         urls,
         model=args.model,
-        admin_key=admin_key(args),
+        admin_key=options.admin_key(args),
         api_key=api_key,
-        engine_metrics=engine_metrics(args),
+        engine_metrics=options.engine_metrics(args),
     )
     assert target.model is not None
     cfg = options.run_config(args, target.model, target.max_model_len)
@@ -109,41 +81,8 @@ async def _run_one(args: argparse.Namespace) -> int:
         builder,
         slo=slo,
         scrape_interval_s=args.scrape_interval,
-        admin_key=admin_key(args),
+        admin_key=options.admin_key(args),
         progress=not args.quiet,
         timeout_s=args.timeout,
     )
     return finish(args, result, [result])
-
-
-def finish(
-    args: argparse.Namespace,
-    document: dict[str, Any],
-    runs: list[dict[str, Any]],
-    *,
-    single: bool = True,
-) -> int:
-    """Print (`single`: the one run's summary), write the JSON and the plots of a single run;
-    the exit code of the whole command from its runs."""
-    if single:
-        report.print_summary(runs[0])
-    if args.json is not None:
-        report.write_json(args.json, document)
-        print(f"wrote {args.json}")
-    if single and args.plots is not None:
-        from gateway.loadtest import plots
-
-        for path in plots.write_run_plots(runs, Path(args.plots)):
-            print(f"wrote {path}")
-    if any(r.get("interrupted") for r in runs):
-        return EXIT_INTERRUPTED
-    failed = [r for r in runs if r["summary"]["requests"] and not r["summary"]["outcomes"]["ok"]]
-    if failed:
-        worst = failed[0]["summary"]["failures"]
-        detail = ", ".join(f"{k} ×{v}" for k, v in worst.items()) or "no answer"
-        print(
-            f"{PROG}: error: no request succeeded against {failed[0]['label']} ({detail})",
-            file=sys.stderr,
-        )
-        return EXIT_FAILED
-    return 0

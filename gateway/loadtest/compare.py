@@ -52,6 +52,7 @@ from gateway.loadtest.aggregate import Slo, parse_slo
 from gateway.loadtest.arrivals import Rate
 from gateway.loadtest.capacity import SloSearch
 from gateway.loadtest.measure import measure, measure_mixed
+from gateway.loadtest.outcome import EXIT_FAILED, PROG, finish
 from gateway.loadtest.prompts import PromptBuilder
 from gateway.loadtest.runner import RunConfig
 from gateway.loadtest.setups import ManagedGateway, SimFleet, merge
@@ -242,8 +243,6 @@ def _rate_value(text: str, capacity: float | None) -> float:
 
 
 def run(args: argparse.Namespace) -> int:
-    from gateway.loadtest.cli import EXIT_FAILED, PROG, finish
-
     spec = read_spec(args)
     slo = parse_slo(args.slo)
     document = asyncio.run(_compare(args, spec, slo))
@@ -431,8 +430,6 @@ async def _resolve(
 ) -> Target:
     """The target's URLs, a managed gateway started for it if it is one (kept in
     `gateways`, for the caller to stop)."""
-    from gateway.loadtest.cli import admin_key, engine_metrics
-
     if target.direct:
         assert fleet is not None
         name, urls = target.name, tuple(fleet.urls)
@@ -454,10 +451,10 @@ async def _resolve(
         name,
         urls,
         model=args.model,
-        admin_key=admin_key(args),
+        admin_key=options.admin_key(args),
         # A gateway with tenants lists its models only to one of them.
         api_key=read_secret(args.api_key_env, args.api_key_file, "API key"),
-        engine_metrics=engine_metrics(args),
+        engine_metrics=options.engine_metrics(args),
     )
 
 
@@ -469,12 +466,10 @@ def _measuring(
     args: argparse.Namespace, slo: Slo, rate: float | None, rate_label: str
 ) -> dict[str, Any]:
     """What `measure` and `measure_mixed` take from the command line, for one rate."""
-    from gateway.loadtest.cli import admin_key
-
     return {
         "slo": slo,
         "scrape_interval_s": args.scrape_interval,
-        "admin_key": admin_key(args),
+        "admin_key": options.admin_key(args),
         "progress": not args.quiet,
         "timeout_s": args.timeout,
         "extra": {"rate_label": rate_label or "run", "rate": rate},

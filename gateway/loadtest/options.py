@@ -1,7 +1,8 @@
 """The workload and run options every loadtest command shares: flags, and a tenants file.
 
-`workload_from(args, target)` turns them into a `RunConfig` (validated); a tenants file
-(`--workload FILE`, YAML) gives several tenants, each with its own key, load and shape:
+`run_config(args, model, max_model_len)` turns them into a `RunConfig` (validated); a
+tenants file (`--workload FILE`, YAML) gives several tenants, each with its own key, load
+and shape:
 
     tenants:
       - name: chat-app
@@ -113,6 +114,16 @@ def add_workload_arguments(parser: argparse.ArgumentParser) -> None:
     out.add_argument("--json", type=Path, help="write every aggregate and record here")
     out.add_argument("--plots", type=Path, help="write PNG plots into this directory")
     out.add_argument("--quiet", action="store_true", help="no progress display")
+
+
+def admin_key(args: argparse.Namespace) -> str | None:
+    return read_secret(args.admin_key_env, args.admin_key_file, "admin key")
+
+
+def engine_metrics(args: argparse.Namespace) -> tuple[str, ...]:
+    if not args.engine_metrics:
+        return ()
+    return tuple(u.strip().rstrip("/") for u in args.engine_metrics.split(",") if u.strip())
 
 
 def load_of(args: argparse.Namespace) -> tuple[Arrivals | None, int | None]:

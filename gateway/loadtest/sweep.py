@@ -38,6 +38,7 @@ import yaml
 from gateway.loadtest import options, report
 from gateway.loadtest.aggregate import Slo, parse_slo
 from gateway.loadtest.measure import measure
+from gateway.loadtest.outcome import finish
 from gateway.loadtest.prompts import PromptBuilder
 from gateway.loadtest.setups import CommandEngine, ManagedGateway, SetupError, SimFleet, set_dotted
 from gateway.loadtest.targets import resolve
@@ -156,8 +157,6 @@ def _number(value: Any) -> Any:
 
 
 def run(args: argparse.Namespace) -> int:
-    from gateway.loadtest.cli import finish
-
     spec = read_spec(args.spec, args.values)
     slo = parse_slo(args.slo)
     document = asyncio.run(_sweep(args, spec, slo))
@@ -284,8 +283,6 @@ async def _one(
     workdir: Path,
     row: dict[str, Any],
 ) -> dict[str, Any] | None:
-    from gateway.loadtest.cli import admin_key
-
     engine_urls: list[str]
     fleet: SimFleet | None = None
     command: CommandEngine | None = None
@@ -338,7 +335,7 @@ async def _one(
             f"{spec.parameter}={value}",
             tuple(urls),
             model=args.model,
-            admin_key=admin_key(args),
+            admin_key=options.admin_key(args),
             engine_metrics=tuple(engine_urls),
         )
         assert target.model is not None
@@ -350,7 +347,7 @@ async def _one(
             slo=slo,
             label=f"{spec.parameter}={value}",
             scrape_interval_s=args.scrape_interval,
-            admin_key=admin_key(args),
+            admin_key=options.admin_key(args),
             progress=not args.quiet,
             timeout_s=args.timeout,
             extra={"sweep": {"parameter": spec.parameter, "value": value}},
