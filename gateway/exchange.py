@@ -50,6 +50,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Protocol
 
+from gateway.core.footprint import output_budget
 from gateway.core.latency import request_prefill
 from gateway.core.retry import RetryAdvice
 from gateway.core.tenants import RateLimitValues
@@ -380,12 +381,20 @@ class Exchange:
             shape.prompt_tokens, shape.n, admitted.cached, spec.block_size, spec.prefix_caching
         )
         service_class = self.service_class
+        budget = output_budget(
+            max(shape.prompt_tokens),
+            shape.max_output_tokens,
+            spec.max_model_len,
+            shape.default_output_tokens,
+            clamp=True,
+        )
         self._sent = book.sent(
             spec.name,
             prefill,
             service_class.tpot_s if service_class is not None else None,
             streamed=self.streaming,
             seqs=shape.n * len(shape.prompt_tokens),
+            max_tokens=budget,
         )
 
     def _unfollow(self) -> None:

@@ -11,6 +11,12 @@ admission and the observations that calibrate it:
 - **the prefill rate** later requests add to each step: the engine's own, from the deltas
   of its histograms between two scrapes, else what this process sent over `rate_window_s`;
 - **the tightest TPOT target** of the requests in flight there (`tightest_tpot`);
+- **how far off its TTFT predictions run** (`ttft_factor`): the 95th percentile of observed
+  over predicted TTFT of its last 256 streamed requests, so that the deadline gate holds a
+  bound, not the mean the calibration fits;
+- **when its requests end** (`releases`): each followed request whose output budget is known,
+  at its first token (or predicted first token) plus its budget's steps at the TPOT a
+  request sent now would get — an upper bound where answers stop before `max_tokens`;
 - **observations**: a TTFT (the `ttft_work` at sending, against the time from sending to
   the first streamed chunk), a decode (the steps after the first token, against the time to
   the end; a whole non-streamed answer as the sum of both), and one mean engine step per
@@ -29,6 +35,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
@@ -38,6 +45,7 @@ from gateway.core.latency import (
     StepCosts,
     StepWork,
     decode_work,
+    predict_tpot,
     ttft_work,
 )
 from gateway.engines.metrics import MetricsPage, StepCounters
@@ -46,6 +54,10 @@ from gateway.engines.pool import EnginePool
 __all__ = ["LatencyBook", "Sent"]
 
 _PENDING, _DECODING, _DONE = 0, 1, 2
+
+ERRORS = 256  # TTFT errors kept per engine
+ERRORS_NEEDED = 20  # before which predictions are taken as they are
+ERROR_QUANTILE = 0.95
 
 
 class Sent:
@@ -59,6 +71,8 @@ class Sent:
         "engine",
         "first_at",
         "lane",
+        "max_tokens",
+        "predicted",
         "prefill",
         "sent_seqs",
         "sent_tokens",
@@ -77,8 +91,10 @@ class Sent:
         streamed: bool,
         seqs: int,
         at: float,
+        max_tokens: int | None = None,
     ) -> None:
         self.engine = engine
+        self.max_tokens = max_tokens  # each sequence's output budget (None: not known)
         self.prefill = prefill
         self.tpot_s = tpot_s
         self.streamed = streamed
@@ -87,6 +103,7 @@ class Sent:
         self.lane: _Lane | None = None
         self.state = _PENDING
         self.work: StepWork | None = None  # its TTFT's work at sending (None: not predicted)
+        self.predicted = 0.0  # its TTFT predicted at sending, in seconds (with `work`)
         self.due = math.inf  # not streamed: when its first token is expected
         self.first_at = 0.0
         # At the start of its decode (streamed: its first token; not streamed: sending): the
@@ -102,6 +119,11 @@ class _Lane:
 
     limit: int  # requests followed at most
     pending: dict[Sent, None]  # no first token yet, in sending order
+    running: dict[Sent, None] = field(default_factory=dict)  # past their first token
+    # Observed over predicted TTFT of the last `ERRORS` streamed requests, and its high
+    # quantile once worked out (None: to work out again).
+    errors: deque[float] = field(default_factory=lambda: deque(maxlen=ERRORS))
+    factor: float | None = None
     pending_seqs: int = 0  # their sequences
     unstreamed: int = 0  # of them, not streamed (their first token is not seen)
     decoding: int = 0  # sequences of the followed requests past their first token
@@ -167,6 +189,21 @@ class LatencyBook:
         """The step costs to predict with on `engine` now (configured until calibrated)."""
         return self.models.costs(engine)
 
+    def ttft_factor(self, engine: str) -> float:
+        """What to multiply a TTFT predicted on `engine` by so that it holds for about
+        `ERROR_QUANTILE` of requests: that quantile of observed over predicted TTFT of
+        the last `ERRORS` streamed requests sent there, at least 1 (1 until
+        `ERRORS_NEEDED` were seen, or without calibration). The model fits the mean; a
+        deadline needs a bound."""
+        lane = self._lanes.get(engine)
+        if lane is None or len(lane.errors) < ERRORS_NEEDED:
+            return 1.0
+        if lane.factor is None:
+            ranked = sorted(lane.errors)
+            at = min(len(ranked) - 1, int(ERROR_QUANTILE * len(ranked)))
+            lane.factor = max(1.0, ranked[at])
+        return lane.factor
+
     def tightest_tpot(self, engine: str) -> float | None:
         """The smallest TPOT target of this process's requests in flight on `engine`."""
         lane = self._lanes.get(engine)
@@ -186,6 +223,28 @@ class LatencyBook:
         rate = self._prefill_per_step(engine, lane, decoding, now)
         return BatchSnapshot(decoding, tuple(ahead), rate)
 
+    def releases(self, engine: str) -> list[float]:
+        """Seconds from now until each request this process follows on `engine` is
+        predicted to end, for those whose output budget is known (in no order): its first
+        token (seen, or predicted at sending) and then `max_tokens - 1` steps at the TPOT a
+        request sent now would get; 0 for one already past it. At most the requests
+        followed there (`max_num_seqs + staged_seqs + line`)."""
+        lane = self._lanes.get(engine)
+        if lane is None or not (lane.running or lane.pending):
+            return []
+        now = self.clock()
+        costs = self.models.costs(engine)
+        tpot = predict_tpot(costs, self.snapshot(engine))
+        ends = []
+        for sent in lane.running:
+            if sent.max_tokens is not None:
+                ends.append(sent.first_at + (sent.max_tokens - 1) * tpot - now)
+        for sent in lane.pending:
+            if sent.max_tokens is not None:
+                first = sent.at + (costs.seconds(sent.work) if sent.work is not None else 0.0)
+                ends.append(max(first, now) + (sent.max_tokens - 1) * tpot - now)
+        return [max(0.0, end) for end in ends]
+
     # -- the exchange's hooks -----------------------------------------------------------------
 
     def sent(
@@ -196,22 +255,27 @@ class LatencyBook:
         *,
         streamed: bool = True,
         seqs: int = 1,
+        max_tokens: int | None = None,
     ) -> Sent:
         """A request goes to `engine` now: `prefill_tokens` to compute there (after prefix
         credit; all its prompts and sequences), its TPOT target, whether its answer is
         streamed (else its first token is not seen: it counts as decoding from its predicted
-        first token on), its sequences. Returns the handle the other hooks take."""
+        first token on), its sequences, each sequence's output budget (`max_tokens`, for
+        `releases`; None: not known). Returns the handle the other hooks take."""
         now = self.clock()
         prefill = max(1, prefill_tokens)
-        sent = Sent(engine, prefill, tpot_s, streamed, max(1, seqs), now)
+        budget = None if max_tokens is None else max(1, max_tokens)
+        sent = Sent(engine, prefill, tpot_s, streamed, max(1, seqs), now, budget)
         lane = self._lane(engine)
         if lane is None or lane.followed >= lane.limit:
             self.unfollowed += 1
             return sent
-        if self.calibrate or not streamed:
+        if self.calibrate or not streamed or budget is not None:
             batch = self.snapshot(engine)
             costs = self.models.costs(engine)
             sent.work = ttft_work(batch, prefill, costs.chunk_tokens)
+            if sent.work is not None:
+                sent.predicted = costs.seconds(sent.work)
             if not streamed:
                 if sent.work is not None:
                     sent.due = now + costs.seconds(sent.work)
@@ -242,11 +306,15 @@ class LatencyBook:
         lane.pending_seqs -= sent.seqs
         lane.unstreamed -= not sent.streamed
         lane.decoding += sent.seqs
+        lane.running[sent] = None
         sent.state, sent.first_at = _DECODING, now
         if not (self.calibrate and sent.streamed and self._current(sent)):
             return
         if sent.work is not None and sent.seqs == 1:
             self.models.observe(sent.engine, sent.work, now - sent.at)
+            if sent.predicted > 0:
+                lane.errors.append((now - sent.at) / sent.predicted)
+                lane.factor = None
         sent.batch = self._batch(sent.engine, lane, now)
         sent.sent_tokens, sent.sent_seqs = lane.sent_tokens, lane.sent_seqs
 
@@ -271,6 +339,7 @@ class LatencyBook:
             lane.unstreamed -= not sent.streamed
         else:
             lane.decoding -= sent.seqs
+            lane.running.pop(sent, None)
         sent.state = _DONE
         lane.followed -= 1
         tpot = sent.tpot_s

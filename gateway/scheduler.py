@@ -109,6 +109,10 @@ class Ask:
     # How long before admission began the request reached the gateway: the gate's
     # `waited_s` counts from its arrival (a duration, so any clock can measure it).
     since_s: float = field(default=0.0, repr=False, compare=False)
+    # Seconds until the `k + 1`-th predicted end of a request running on its engines, for
+    # `k` requests with targets ahead of it (None: not that many predicted); the deadline
+    # gate's forecast of its turn (core/deadline.out_of_reach).
+    turn: Callable[[int], float | None] | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "engines", frozenset(self.needs))
@@ -181,8 +185,7 @@ class Scheduler:
         self.tally = tally
         self.waiting: dict[str, float] = {}
         """This process's requests in the line, by ask id: when each began to wait."""
-        self.targeted_waiting = 0
-        """How many of them have latency targets (best effort yields to them)."""
+        self._targeted: dict[str, None] = {}  # those with latency targets, in line order
         # Engine sets named in the store: each its group and when an ask last used it, the
         # least recently used first.
         self._groups: dict[frozenset[str], tuple[str, float]] = {}
@@ -204,19 +207,8 @@ class Scheduler:
                 return first
             if isinstance(first, Refusal):
                 await self._refuse_unless_waitable(ask, first)
-            elif out_of_reach(
-                first,
-                ahead=self.targeted_waiting,
-                admitted_per_s=self.rate.seqs_per_second(self.clock()),
-            ):
-                raise RateLimited(
-                    f"This request cannot get its first token within its service class's "
-                    f"target: {self.targeted_waiting} requests with targets wait ahead of it, "
-                    f"and engines take about {self.rate.seqs_per_second(self.clock()):.3g} a "
-                    f"second.",
-                    code="slo_unattainable",
-                    retry=await self._advice(ask, queued=False, promise=False),
-                )
+            else:
+                await self._refuse_out_of_reach(ask, first, ahead=len(self._targeted))
             entry = QueueEntry(ask.id, ask.tenant, ask.engines, ask.blocks, self.max_wait_s)
             leftover = True  # until the store says no: its answer may be lost (Redis timeout)
             places = self._line_places(claimed)
@@ -239,7 +231,7 @@ class Scheduler:
             self.waiting[ask.id] = self.clock()
             if ask.targeted:
                 targeted = True
-                self.targeted_waiting += 1
+                self._targeted[ask.id] = None
             deadline = self.clock() + self.max_wait_s
             while True:
                 stage = deadline - self.clock() > self.max_wait_s * STAGE_WITHIN
@@ -260,6 +252,8 @@ class Scheduler:
                         retry=await self._advice(ask, queued=True),
                     )
                 if isinstance(result, Wait):  # no engine meets its targets yet
+                    if targeted:  # refused as soon as its turn cannot come in time
+                        await self._refuse_out_of_reach(ask, result, ahead=self._ahead(ask.id))
                     within = min(remaining, POLL_S, result.for_s)
                     await self.store.wait_for_change(max(within, 0.0))
                 else:
@@ -272,13 +266,45 @@ class Scheduler:
             left = "abandoned"
             raise
         finally:
-            self.targeted_waiting -= targeted
+            if targeted:
+                self._targeted.pop(ask.id, None)
             if self.waiting.pop(ask.id, None) is not None and self.tally is not None:
                 self.tally.left_line("admitted" if placed else left)
             if leftover and not placed:
                 # Leaving without a lease (timeout, refusal, or the client went away):
                 # dequeue and release by id are idempotent, so hand back whatever there is.
                 await asyncio.shield(self._abandon(ask.id))
+
+    @property
+    def targeted_waiting(self) -> int:
+        """How many of this process's requests in the line have latency targets."""
+        return len(self._targeted)
+
+    def _ahead(self, ask_id: str) -> int:
+        """The requests with targets that joined the line before `ask_id` and wait still
+        (O(line), only while a request with targets is told to wait)."""
+        for place, waiting in enumerate(self._targeted):
+            if waiting == ask_id:
+                return place
+        return len(self._targeted)
+
+    async def _refuse_out_of_reach(self, ask: Ask, wait: Wait, *, ahead: int) -> None:
+        """429 `slo_unattainable` when the line ahead of the request outlasts what is left
+        of its deadline (`core.deadline.out_of_reach`)."""
+        rate = self.rate.seqs_per_second(self.clock())
+        turn = ask.turn(ahead) if ask.turn is not None else None
+        if out_of_reach(wait, ahead=ahead, admitted_per_s=rate, turn_s=turn):
+            when = (
+                f"its turn is expected in {turn:.3g} s"
+                if turn is not None
+                else f"engines take about {rate:.3g} a second"
+            )
+            raise RateLimited(
+                f"This request cannot get its first token within its service class's "
+                f"target: {ahead} requests with targets wait ahead of it, and {when}.",
+                code="slo_unattainable",
+                retry=await self._advice(ask, queued=ahead > 0, promise=False),
+            )
 
     def _line_places(self, claimed: float | None) -> int:
         """`queue.max_length` less the places held for retries this process advised ahead

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -184,9 +184,11 @@ class Service:
             raise ContextOverflow(placement.message, param=placement.param)
         prompted = self._prompted(inbound, counted, placement.needs)
         cls = inbound.service_class
-        gate = None
+        gate = turn = None
         if self.latency is not None and inbound.generates:
             gate = self._deadline_gate(self.latency, cls, shape, prompted.needs)
+            if cls is not None and cls.ttft_s is not None:
+                turn = _turn(self.latency, tuple(prompted.needs))
         ask = Ask(
             id=uuid.uuid4().hex,
             needs=prompted.needs,
@@ -196,6 +198,7 @@ class Service:
             gate=gate,
             targeted=cls is not None and cls.has_targets,
             since_s=since_s,
+            turn=turn,
         )
         lease = await self.scheduler.admit(ask)
         if self.prefixes is not None:
@@ -213,9 +216,10 @@ class Service:
     ) -> Callable[[float], Verdict]:
         """The request's deadline gate (core/deadline.py), asked before each decision: on
         each engine, its TTFT predicted from the engine's batch and the prefills ahead of it
-        (its own prefill less the blocks expected cached there), the step time with it added,
-        and the running requests' tightest TPOT target. A request without targets (best
-        effort) is still kept off engines where it would break that target."""
+        (its own prefill less the blocks expected cached there) times how far the engine's
+        TTFT predictions have run short (`LatencyBook.ttft_factor`), the step time with it
+        added, and the running requests' tightest TPOT target. A request without targets
+        (best effort) is still kept off engines where it would break that target."""
         ttft_s = cls.ttft_s if cls is not None else None
         tpot_s = cls.tpot_s if cls is not None else None
         own: dict[str, int] = {}
@@ -232,12 +236,13 @@ class Service:
             for name, prefill in own.items():
                 costs = book.costs(name)
                 batch = book.snapshot(name)
+                factor = book.ttft_factor(name)
                 outlooks.append(
                     Outlook(
                         name,
-                        ttft_s=predict_ttft(costs, batch, prefill),
+                        ttft_s=predict_ttft(costs, batch, prefill) * factor,
                         step_s=predict_tpot(costs, batch),
-                        idle_ttft_s=predict_ttft(costs, IDLE, prefill),
+                        idle_ttft_s=predict_ttft(costs, IDLE, prefill) * factor,
                         tightest_tpot_s=book.tightest_tpot(name),
                     )
                 )
@@ -475,3 +480,15 @@ class Service:
         if state is None:  # an engine removed while a lease was held
             raise UpstreamUnavailable(f"engine {engine!r} is no longer configured")
         return state.spec
+
+
+def _turn(book: LatencyBook, engines: Iterable[str]) -> Callable[[int], float | None]:
+    """A request's predicted turn on `engines` (`Ask.turn`): the `k + 1`-th soonest predicted
+    end of a request running there, when `k` requests with targets wait ahead of it (each
+    end frees the room one of them takes). None when fewer ends are predicted."""
+
+    def turn(ahead: int) -> float | None:
+        ends = sorted(end for name in engines for end in book.releases(name))
+        return ends[ahead] if 0 <= ahead < len(ends) else None
+
+    return turn

@@ -20,6 +20,10 @@ there), and the tightest TPOT target of the requests already running there. Then
   (`Outlook.idle_ttft_s`); when even that is gone it is refused at once
   (`Unattainable`), not after waiting. Without a TTFT target it waits as any request does
   (`queue.max_wait_s`).
+* whether its turn can come in time at all is `out_of_reach`: the line of requests with
+  targets ahead of it, at the rate engines take them, against how long it can wait while
+  the engines stay as loaded as they are now (`Wait.likely_s`: an engine under overload
+  stays loaded, so the idle TTFT is a bound, not an expectation).
 """
 
 from __future__ import annotations
@@ -57,6 +61,15 @@ class Wait:
     of its own)."""
 
     for_s: float
+    likely_s: float | None = None
+    """How long it can wait and still make its TTFT target if the engines stay as loaded
+    as now (what is left of the target less the least TTFT predicted now; may be < 0);
+    None: as `for_s`."""
+
+    @property
+    def expected_s(self) -> float:
+        """`likely_s`, or `for_s` when not given; never more than `for_s`."""
+        return self.for_s if self.likely_s is None else min(self.likely_s, self.for_s)
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,7 +104,8 @@ def decide(
     best = min((o.idle_ttft_s for o in outlooks), default=math.inf)
     if best > left:
         return Unattainable(best, left)
-    return Wait(left - best)
+    now = min((o.ttft_s for o in outlooks), default=math.inf)
+    return Wait(left - best, likely_s=left - max(now, best))
 
 
 def _fits(o: Outlook, left_s: float, tpot_s: float | None) -> bool:
@@ -102,12 +116,21 @@ def _fits(o: Outlook, left_s: float, tpot_s: float | None) -> bool:
     return o.tightest_tpot_s is None or o.step_s <= o.tightest_tpot_s
 
 
-def out_of_reach(wait: Wait, *, ahead: int, admitted_per_s: float | None) -> bool:
+def out_of_reach(
+    wait: Wait, *, ahead: int, admitted_per_s: float | None, turn_s: float | None = None
+) -> bool:
     """A request told to `wait` behind `ahead` others with targets cannot expect its turn
-    before its deadline: at `admitted_per_s` (the recent rate at which requests left for
-    engines, None: not known) its turn comes after about `(ahead + 1) / admitted_per_s`
-    seconds, later than `wait.for_s`. Then it is refused at once rather than after waiting
-    for nothing (an estimate: never when the rate is unknown or nobody is ahead)."""
-    if ahead <= 0 or not admitted_per_s or math.isinf(wait.for_s):
+    before its deadline: its turn comes after `turn_s` seconds when the engines' running
+    requests predict it (the `ahead + 1`-th of their predicted ends: each frees the room
+    one waiting request takes), else after about `(ahead + 1) / admitted_per_s` (the
+    recent rate at which requests left for engines, None: not known) — and that is later
+    than `wait.expected_s` (how long it can wait if the engines stay as loaded as now).
+    Then it is refused at once rather than after waiting for nothing. An estimate: without
+    a predicted turn, never when the rate is unknown or nobody is ahead."""
+    if math.isinf(wait.for_s):
         return False
-    return (ahead + 1) / admitted_per_s > wait.for_s
+    if turn_s is not None:
+        return turn_s > wait.expected_s
+    if ahead <= 0 or not admitted_per_s:
+        return False
+    return (ahead + 1) / admitted_per_s > wait.expected_s

@@ -21,13 +21,16 @@ def test_only_the_engines_that_meet_both_targets():
 def test_what_is_left_of_the_ttft_target_counts_not_the_target():
     outlooks = [o("a", 0.4, 0.03)]
     assert decide(outlooks, ttft_s=1.0, tpot_s=None, waited_s=0.5) == Eligible(frozenset({"a"}))
-    assert decide(outlooks, ttft_s=1.0, tpot_s=None, waited_s=0.7) == Wait(pytest.approx(0.25))
+    got = decide(outlooks, ttft_s=1.0, tpot_s=None, waited_s=0.7)
+    # 0.3 left: 0.25 s of waiting on an idle engine; loaded as now (0.4), none
+    assert got == Wait(pytest.approx(0.25), likely_s=pytest.approx(-0.1))
 
 
 def test_waits_while_an_idle_engine_could_still_make_it():
     outlooks = [o("a", 2.0, 0.03, idle=0.1), o("b", 3.0, 0.03, idle=0.3)]
     got = decide(outlooks, ttft_s=1.0, tpot_s=0.05, waited_s=0.2)
-    assert got == Wait(pytest.approx(0.7))  # 0.8 left, the best idle TTFT 0.1
+    # 0.8 left, the best idle TTFT 0.1; loaded as now the best TTFT is 2.0: none to spare
+    assert got == Wait(pytest.approx(0.7), likely_s=pytest.approx(-1.2))
 
 
 def test_refused_at_once_when_even_an_idle_engine_is_too_slow():
@@ -52,7 +55,10 @@ def test_best_effort_fills_what_the_targets_leave():
 
 def test_a_target_request_does_not_break_a_tighter_one_running():
     outlooks = [o("a", 0.1, 0.04, tightest=0.03)]
-    assert decide(outlooks, ttft_s=1.0, tpot_s=0.05) == Wait(pytest.approx(0.95))
+    # The TTFT would fit (0.1): only the TPOT of the running requests keeps it waiting.
+    assert decide(outlooks, ttft_s=1.0, tpot_s=0.05) == Wait(
+        pytest.approx(0.95), likely_s=pytest.approx(0.9)
+    )
 
 
 def test_no_candidates_waits_or_is_unattainable():
@@ -97,8 +103,39 @@ def test_out_of_reach_when_the_line_ahead_outlasts_the_deadline():
     from gateway.core.deadline import out_of_reach
 
     wait = Wait(0.5)
+    assert wait.expected_s == 0.5
     assert out_of_reach(wait, ahead=3, admitted_per_s=4.0)  # ~1 s to its turn
     assert not out_of_reach(wait, ahead=1, admitted_per_s=4.0)  # ~0.5 s: may make it
     assert not out_of_reach(wait, ahead=0, admitted_per_s=0.1)  # first in line: it waits
     assert not out_of_reach(wait, ahead=9, admitted_per_s=None)  # no rate: no guess
     assert not out_of_reach(Wait(math.inf), ahead=9, admitted_per_s=1.0)  # no deadline
+
+
+def test_out_of_reach_counts_the_load_the_engines_are_under_not_an_idle_engine():
+    """Under overload an engine stays loaded: a request whose turn comes in ~0.5 s has 0.8 s
+    of waiting before an idle engine would be too slow, but with the TTFT the engines give
+    now (0.6 s of its 0.9 s left) only 0.3 s: refused at once."""
+    from gateway.core.deadline import out_of_reach
+
+    got = decide([o("a", 0.6, 0.06, idle=0.1)], ttft_s=1.0, tpot_s=0.05, waited_s=0.1)
+    assert got == Wait(pytest.approx(0.8), likely_s=pytest.approx(0.3))
+    assert got.expected_s == pytest.approx(0.3)
+    assert out_of_reach(got, ahead=1, admitted_per_s=4.0)  # its turn in ~0.5 s
+    assert not out_of_reach(got, ahead=1, admitted_per_s=8.0)  # in ~0.25 s
+    # Bounded by the idle bound: a loaded TTFT below the idle one is not a promise.
+    assert Wait(0.2, likely_s=0.9).expected_s == 0.2
+
+
+def test_a_forecast_turn_decides_even_first_in_line():
+    """With the running requests' ends forecast, the request's turn is the (ahead + 1)-th
+    of them: it is refused when that comes after what it can wait, first in line included,
+    whatever the rate; without a forecast the rate rule stands."""
+    from gateway.core.deadline import out_of_reach
+
+    wait = Wait(0.8, likely_s=0.5)
+    assert out_of_reach(wait, ahead=0, admitted_per_s=100.0, turn_s=0.6)
+    assert not out_of_reach(wait, ahead=0, admitted_per_s=0.1, turn_s=0.4)
+    assert not out_of_reach(wait, ahead=5, admitted_per_s=None, turn_s=0.4)
+    assert not out_of_reach(Wait(math.inf), ahead=0, admitted_per_s=1.0, turn_s=9.0)
+    assert not out_of_reach(wait, ahead=0, admitted_per_s=1.0, turn_s=None)  # the rate rule
+    assert out_of_reach(wait, ahead=1, admitted_per_s=1.0, turn_s=None)  # 2 s > 0.5 s

@@ -490,3 +490,59 @@ def test_the_runtime_builds_a_book_only_when_a_class_has_targets() -> None:
     assert (
         made.costs("f") == parse_config({"engines": [{"url": "http://f"}]}).slo.step_costs.costs()
     )
+
+
+def test_releases_forecast_each_followed_request_end_from_its_output_budget():
+    """A request decoding ends `max_tokens - 1` steps after its first token at the TPOT a
+    request sent now would get; one with no first token yet after its predicted TTFT too;
+    one without a known budget is not forecast; one past its forecast counts as ending now.
+    Ended requests leave the forecast."""
+    b, clock = book(calibrate=False)
+    first = b.sent("e", 100, None, max_tokens=11)
+    b.first_token(first)  # at 100.0
+    unknown = b.sent("e", 100, None)  # no budget: never forecast
+    b.first_token(unknown)
+    clock.now = 100.02
+    waiting = b.sent("e", 200, None, max_tokens=5)  # no first token yet
+    tpot = predict_tpot(COSTS, b.snapshot("e"))
+    ttft = COSTS.seconds(waiting.work)
+    ends = sorted(b.releases("e"))
+    assert ends == pytest.approx(sorted([10 * tpot - 0.02, ttft + 4 * tpot]))
+    clock.now = 101.0  # long past the first one's forecast
+    assert min(b.releases("e")) == 0.0
+    b.finished(first, 11)
+    b.dropped(waiting)
+    assert b.releases("e") == []
+    assert b.releases("not-in-the-pool") == []
+
+
+def test_the_ttft_factor_is_a_high_quantile_of_observed_over_predicted():
+    """Streamed requests whose first token comes 1.0-1.4x as late as predicted: after
+    `ERRORS_NEEDED` of them the factor is their 95th percentile, never below 1; none while
+    fewer were seen or without calibration (no observation is made then)."""
+    from gateway.latency import ERRORS_NEEDED
+
+    b, clock = book()
+    assert b.ttft_factor("e") == 1.0
+    ratios = [1.0 + 0.4 * i / 99 for i in range(100)]
+    for i, ratio in enumerate(ratios):
+        sent = b.sent("e", 100, None, max_tokens=4)
+        clock.now += sent.predicted * ratio
+        b.first_token(sent)
+        b.finished(sent, 4)
+        if i + 1 < ERRORS_NEEDED:
+            assert b.ttft_factor("e") == 1.0
+    assert b.ttft_factor("e") == pytest.approx(ratios[95], rel=1e-6)
+    early, clock2 = book()
+    for _ in range(30):  # every first token in half the predicted time: no factor below 1
+        sent = early.sent("e", 100, None)
+        clock2.now += sent.predicted * 0.5
+        early.first_token(sent)
+        early.finished(sent, 1)
+    assert early.ttft_factor("e") == 1.0
+    off, clock3 = book(calibrate=False)
+    for _ in range(30):
+        sent = off.sent("e", 100, None)
+        clock3.now += 1.0
+        off.first_token(sent)
+    assert off.ttft_factor("e") == 1.0

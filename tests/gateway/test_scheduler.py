@@ -548,6 +548,36 @@ async def test_refused_at_once_when_the_line_ahead_outlasts_its_deadline():
     assert s.targeted_waiting == 0 and await store.queue_length() == 0
 
 
+async def test_a_waiting_request_is_refused_once_its_turn_cannot_come_in_time():
+    """Two requests with targets wait ahead; engines take about 2 a second, so its turn
+    comes in ~1.5 s. It can wait 2.5 s at the load the engines are under when it arrives
+    (it waits), less and less as it waits: refused as soon as that is under its turn,
+    long before an idle engine's bound (`for_s` 10 s) or `max_wait_s` (30 s)."""
+    from gateway.core.deadline import Wait
+
+    store = InMemoryStore(Router(), random.Random(0))
+    s = scheduler(store, pool=EnginePool(list(TWO)), max_wait_s=30.0)
+    now = time.monotonic()
+    for i in range(10):  # releases seen over the last 5 s: 2 sequences a second
+        s.rate.record(now - 5 + i * 0.5, blocks=2, seqs=1)
+    ahead = [asyncio.create_task(s.admit(gated_ask(lambda w: Wait(30.0)))) for _ in range(2)]
+    for _ in range(100):
+        if s.targeted_waiting == 2:
+            break
+        await asyncio.sleep(0.01)
+    started = time.monotonic()
+    with pytest.raises(RateLimited) as e:
+        await s.admit(gated_ask(lambda w: Wait(10.0 - w, likely_s=2.5 - w)))
+    took = time.monotonic() - started
+    assert e.value.code == "slo_unattainable" and "2 requests" in str(e.value)
+    assert 0.9 <= took < 3.0  # after waiting ~1 s (2.5 - 1.5), not 10 s nor 30 s
+    assert s.targeted_waiting == 2  # it left the line; those ahead still wait
+    for t in ahead:
+        t.cancel()
+    await asyncio.gather(*ahead, return_exceptions=True)
+    assert s.targeted_waiting == 0 and await store.queue_length() == 0
+
+
 async def test_the_gate_counts_the_wait_from_the_requests_arrival():
     from gateway.core.deadline import Eligible
 

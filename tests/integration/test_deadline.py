@@ -9,6 +9,8 @@ calibration off (so the predictions are the configured model's, not a fit that m
   others wait in the line and go as streams end.
 * Best effort (no class) is kept off an engine where it would break a running request's
   TPOT target.
+* A request whose turn, forecast from the running requests' output budgets, comes after its
+  deadline is refused at once, even first in line.
 """
 
 from __future__ import annotations
@@ -68,6 +70,7 @@ async def gateway_with(sim: SimProcess) -> AsyncIterator[str]:
                 "steady": {"tpot_s": 0.032},
                 "instant": {"ttft_s": 0.005},
                 "interactive": {"ttft_s": 5.0, "tpot_s": 0.032},
+                "soon": {"ttft_s": 1.0, "tpot_s": 0.032},
             },
             "step_costs": COSTS,
             "calibrate": False,
@@ -195,5 +198,53 @@ async def test_best_effort_is_kept_off_a_batch_at_its_tpot_target():
             assert await running_on(sim.url, http) == MOST
             await asyncio.gather(*held)
             assert await asyncio.wait_for(waited, 10) > 0.3
+    finally:
+        sim.stop()
+
+
+async def test_a_turn_forecast_past_the_deadline_is_refused_at_once():
+    """Four streams of 200 tokens fill the batch to its TPOT target (30 ms a step: about 6 s
+    each). A request with a 1 s TTFT target must wait for one of them to end (a fifth would
+    make every step 35 ms), and the first end is forecast seconds away: refused at once, not
+    after waiting until an idle engine could no longer make it (~1 s, the rule before)."""
+    sim = simulator()
+    await sim.astart()
+    try:
+        async with gateway_with(sim) as url, httpx.AsyncClient(timeout=60) as http:
+
+            async def long(i: int) -> int:
+                r = await http.post(
+                    url + "/v1/completions",
+                    json={
+                        "model": "tiny",
+                        "prompt": f"long {i} " + "x " * 20,
+                        "max_tokens": 200,
+                        "ignore_eos": True,
+                    },
+                    headers={HEADER: "steady"},
+                )
+                return r.status_code
+
+            held = [asyncio.create_task(long(i)) for i in range(MOST)]
+            for _ in range(200):
+                if await running_on(sim.url, http) >= MOST:
+                    break
+                await asyncio.sleep(0.01)
+            assert await running_on(sim.url, http) == MOST
+            await asyncio.sleep(0.2)  # past their first tokens: their ends are forecast
+            started = time.monotonic()
+            r = await http.post(
+                url + "/v1/completions",
+                json={"model": "tiny", "prompt": "hello " * 20, "max_tokens": 8},
+                headers={HEADER: "soon"},
+            )
+            took = time.monotonic() - started
+            assert r.status_code == 429, r.text
+            error = r.json()["error"]
+            assert error["code"] == "slo_unattainable", error
+            assert "turn is expected in" in error["message"], error["message"]
+            assert took < 0.5, took  # at once
+            assert int(r.headers["retry-after"]) >= 1
+            assert await asyncio.gather(*held) == [200] * MOST
     finally:
         sim.stop()
