@@ -654,21 +654,25 @@ class RedisStore:
         connection); the wait is back-pressure, not a failure. Once it has its turn a call
         made while Redis is known to be away fails at once instead of timing out."""
         self._start()
-        if self.degraded:
-            raise StateUnavailable("Shared state (Redis) is unreachable; retrying shortly.")
+        self._still_up()
         lane = self._background_lane if background else self._request_lane
         try:
             return await self._scripts[script](lane, args)
         except REDIS_ERRORS as e:
             self._down_until = time.monotonic() + RETRY_REDIS_AFTER_S
             log.warning("redis unreachable (%s: %s)", type(e).__name__, e)
-            raise StateUnavailable(f"Shared state (Redis) is unreachable: {e}") from e
+            raise StateUnavailable(
+                f"Shared state (Redis) is unreachable: {e}", retry_after_s=RETRY_REDIS_AFTER_S
+            ) from e
 
     def _still_up(self) -> None:
         """A call whose turn came while Redis was found away fails at once (not after its
         own timeout, behind every other queued call's)."""
-        if self.degraded:
-            raise StateUnavailable("Shared state (Redis) is unreachable; retrying shortly.")
+        left = self._down_until - time.monotonic()
+        if left > 0:
+            raise StateUnavailable(
+                "Shared state (Redis) is unreachable; retrying shortly.", retry_after_s=left
+            )
 
     def _record(self, lease: Lease, tenant: TenantPolicy) -> dict[str, Any]:
         """The lease as Redis holds it (admit.lua's json; a limit the tenant does not have

@@ -91,3 +91,6 @@ async def test_a_lost_redis_is_not_named_to_clients(caplog):
             assert secret not in error["message"], error
     details = " ".join(r.getMessage() for r in caplog.records)
     assert answers[0].headers["x-request-id"] in details and "Connect" in details
+    for answer in answers[:2]:  # when the gateway tries Redis again (issue 43)
+        assert int(answer.headers["retry-after"]) >= 1, answer.headers
+        assert 0 < int(answer.headers["retry-after-ms"]) <= 1000, answer.headers

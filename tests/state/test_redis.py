@@ -610,6 +610,9 @@ async def test_unreachable_redis_fails_closed():
         with pytest.raises(StateUnavailable) as raised:
             await store.try_admit(ask(spec("a")))
         assert raised.value.status == 503 and raised.value.code == "state_unavailable"
+        # When it will try Redis again: RETRY_REDIS_AFTER_S (0.5 s) at most, whole seconds.
+        assert raised.value.headers["retry-after"] == "1"
+        assert 0 < int(raised.value.headers["retry-after-ms"]) <= 500
         with pytest.raises(StateUnavailable):
             await store.enqueue(QueueEntry("e", DEFAULT_TENANT, frozenset({"a"}), 1, 1.0), 5)
         with pytest.raises(StateUnavailable):
