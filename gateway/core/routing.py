@@ -8,6 +8,11 @@ its footprint there is credited with the prefix blocks live leases hold, and the
 engine is expected to cache count as saved), then the one with fewer running sequences.
 Without prefixes it orders engines as `most_free_blocks` (free blocks before the request,
 the old default, still selectable) does for equal footprints.
+
+Each scorer is declared once, in `SCORERS`: its name, its score, and which key of the
+engine order (`gateway.core.engine_order`) it ranks engines by, if any; the stores derive
+from that whether a router can be decided from the order (`Router.ordered_by`). Adding a
+scorer: docs/admission.md#adding-a-scorer.
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
-from typing import Protocol, TypeVar
+from typing import Literal, Protocol, TypeVar
 
 from gateway.core.types import EngineView, Footprint
 
@@ -83,13 +88,54 @@ def lowest_kv_fraction(candidate: Candidate, kv_ceiling: float) -> float:
     return 1.0 - (capacity - view.free_blocks(kv_ceiling)) / capacity
 
 
-SCORERS: dict[str, Scorer] = {
-    "most_free_blocks": most_free_blocks,
-    "most_free_after": most_free_after,
-    "fewest_running": fewest_running,
-    "lowest_kv_fraction": lowest_kv_fraction,
+OrderKey = Literal["free", "running"]
+ORDER_KEYS: tuple[OrderKey, ...] = ("free", "running")
+"""The engine order's keys, in its order (`gateway.core.engine_order`): most free blocks,
+then fewest running sequences."""
+
+
+@dataclass(frozen=True, slots=True)
+class RoutingScorer:
+    """A routing scorer, declared once. `ordered_by` is the key of the engine order that
+    ranks engines as `score` does, or None. It MUST hold, for engines of any capacity given
+    one footprint with nothing expected cached: `score` ranks them higher exactly when the
+    key does ("free": more free blocks, "running": fewer running sequences) and equal
+    exactly when the key ties (tests/core/test_routing.py checks it on random engines).
+    `weighted`, for a scorer that reads `routing.cached_block_weight`: its score at a weight.
+    The Redis store scores by the branch of this name in admit.lua's `score_of`."""
+
+    name: str
+    score: Scorer
+    ordered_by: OrderKey | None
+    weighted: Callable[[float], Scorer] | None = None
+
+    def at_weight(self, cached_block_weight: float) -> Scorer:
+        return self.score if self.weighted is None else self.weighted(cached_block_weight)
+
+
+SCORERS: dict[str, RoutingScorer] = {
+    s.name: s
+    for s in (
+        RoutingScorer("most_free_blocks", most_free_blocks, ordered_by="free"),
+        RoutingScorer(
+            "most_free_after",
+            most_free_after,
+            ordered_by="free",  # with nothing cached: free − need, one need for all
+            weighted=lambda weight: partial(most_free_after, cached_weight=weight),
+        ),
+        RoutingScorer("fewest_running", fewest_running, ordered_by="running"),
+        RoutingScorer("lowest_kv_fraction", lowest_kv_fraction, ordered_by=None),
+    )
 }
 DEFAULT_SCORERS: tuple[str, ...] = ("most_free_after", "fewest_running")
+
+
+def ordered_ranking(scorer_names: Sequence[str]) -> OrderKey | None:
+    """How far down its keys the engine order ranks engines as these scorers do: "free"
+    (by most free blocks alone), "running" (then by fewest running), or None (the scorers'
+    keys are not the order's first keys, in its order: every engine must be scored)."""
+    keys = tuple(SCORERS[name].ordered_by for name in scorer_names)
+    return keys[-1] if keys and keys == ORDER_KEYS[: len(keys)] else None
 
 
 class Chooser(Protocol):
@@ -117,11 +163,11 @@ class Router:
         self.scorer_names = tuple(scorer_names)
         self.cached_block_weight = float(cached_block_weight)
         self._scorers = tuple(
-            partial(most_free_after, cached_weight=self.cached_block_weight)
-            if name == "most_free_after"
-            else SCORERS[name]
-            for name in scorer_names
+            SCORERS[name].at_weight(self.cached_block_weight) for name in scorer_names
         )
+        # Whether, and down to which key, the engine order ranks engines as this router
+        # does (the stores' ordered path; docs/engine-index.md).
+        self.ordered_by = ordered_ranking(self.scorer_names)
 
     def score(self, candidate: Candidate, kv_ceiling: float) -> tuple[float, ...]:
         """The candidate's score by each scorer in turn (higher is better)."""

@@ -42,16 +42,6 @@ _NO_LOAD = EngineLoad()
 _UNORDERED = object()  # `_choose_ordered`: this ask needs every engine scored
 
 
-def _ordered_routing(scorers: Sequence[str]) -> str | None:
-    """How an engine order ranks as these scorers do: "running" (most free blocks, then
-    fewest running: the default), "free" (most free blocks alone), None (another ranking:
-    grouped asks are then expanded and every engine scored)."""
-    if not scorers or scorers[0] not in ("most_free_after", "most_free_blocks"):
-        return None
-    rest = tuple(scorers[1:])
-    return "running" if rest == ("fewest_running",) else "free" if not rest else None
-
-
 @dataclass(frozen=True, slots=True)
 class _Held:
     lease: Lease
@@ -151,7 +141,9 @@ class InMemoryStore:
         self._changed = asyncio.Event()
         self._behind = BehindWaiters()  # `wait_behind` callers (this store's calls report)
         self._engines = OrderedEngines(lambda name: self._loads.get(name, _NO_LOAD))
-        self._ordered_routing = _ordered_routing(router.scorer_names)
+        # How the order ranks as the router does (routing.py `ordered_by`); None: grouped
+        # asks are expanded and every engine scored.
+        self._ordered_routing = router.ordered_by
 
     async def try_admit(self, ask: AdmissionAsk) -> Lease | Refusal:
         if ask.lease_id in self._held:

@@ -212,6 +212,8 @@ class RedisStore:
             raise ValueError("key_prefix must not contain braces (it becomes the hash tag)")
         checked = Router(router_scorers, cached_block_weight=cached_block_weight)  # validates
         self.scorers = checked.scorer_names
+        # admit.lua's ARGV 17: how the engine order ranks as the scorers do, and the scorers.
+        self._routing = f"{checked.ordered_by or ''};{','.join(self.scorers)}"
         self.cached_block_weight = checked.cached_block_weight
         self.replica_id = replica_id
         self.lease_ttl_s = float(lease_ttl_s)
@@ -608,7 +610,7 @@ class RedisStore:
             str(ask.tokens),
             "1" if ask.queued else "0",
             seed,
-            ",".join(self.scorers),
+            self._routing,
             repr(self.burst_blocks),
             repr(self.headroom),
             repr(self.active_window_s),

@@ -1,9 +1,20 @@
 import dataclasses
+import itertools
 import random
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
-from gateway.core.routing import SCORERS, Candidate, Router, fits
+from gateway.core.routing import (
+    DEFAULT_CACHED_BLOCK_WEIGHT,
+    ORDER_KEYS,
+    SCORERS,
+    Candidate,
+    Router,
+    fits,
+    ordered_ranking,
+)
 from gateway.core.types import EngineLoad, EngineSpec, EngineView, Footprint
 
 
@@ -122,7 +133,7 @@ def test_the_cached_block_weight_says_what_a_cached_block_is_worth() -> None:
 def test_without_a_prefix_most_free_after_orders_as_most_free_blocks() -> None:
     cands = [cand(n, reserved=r) for n, r in (("a", 10), ("b", 40), ("c", 25))]
     for scorer in ("most_free_blocks", "most_free_after"):
-        ranked = sorted(cands, key=lambda c: -SCORERS[scorer](c, 1.0))
+        ranked = sorted(cands, key=lambda c: -SCORERS[scorer].score(c, 1.0))
         assert [c.view.spec.name for c in ranked] == ["a", "c", "b"]
 
 
@@ -141,3 +152,84 @@ def test_with_load_is_replace_of_the_load() -> None:
     assert {f.name for f in dataclasses.fields(EngineView)} == {"spec", "load", *values}
     load = EngineLoad(5, 1, 2)
     assert view.with_load(load) == dataclasses.replace(view, load=load)
+
+
+# Engines of any size and load, as the engine order holds them (`gateway/state/engines.py`).
+engine = st.builds(
+    lambda blocks, seqs, staged, reserved, running, foreign, fseqs: EngineView(
+        spec("e", blocks, seqs), EngineLoad(reserved, running), True, foreign, fseqs, staged
+    ),
+    blocks=st.integers(1, 60),
+    seqs=st.integers(1, 6),
+    staged=st.integers(0, 2),
+    reserved=st.integers(0, 50),
+    running=st.integers(0, 6),
+    foreign=st.integers(0, 20),
+    fseqs=st.integers(0, 3),
+)
+# The engine order's keys as `EngineOrder` ranks by them: higher first.
+ORDER_KEY = {
+    "free": lambda view, kv_ceiling: view.free_blocks(kv_ceiling),
+    "running": lambda view, kv_ceiling: -view.running,
+}
+
+
+@pytest.mark.parametrize("name", sorted(n for n, s in SCORERS.items() if s.ordered_by))
+@given(
+    views=st.lists(engine, min_size=2, max_size=6),
+    need=st.integers(1, 30),
+    kv_ceiling=st.sampled_from((1.0, 0.9, 0.5)),
+    weight=st.sampled_from((0.0, 1.0, 4.0)),
+)
+def test_a_scorer_ranks_engines_as_the_order_key_it_names(
+    name: str, views: list[EngineView], need: int, kv_ceiling: float, weight: float
+) -> None:
+    """`ordered_by`'s promise, on which the stores decide grouped asks from the engine order
+    (docs/engine-index.md): for one footprint with nothing cached, the scorer ranks any two
+    engines as that key does, ties included. Declaring it for a scorer that ranks otherwise
+    (`lowest_kv_fraction` as "free": engines of other sizes) fails here."""
+    scorer = SCORERS[name]
+    assert scorer.ordered_by is not None
+    score, key = scorer.at_weight(weight), ORDER_KEY[scorer.ordered_by]
+    footprint = Footprint(blocks=need, seqs=1, tokens=need * 16)
+    for a, b in itertools.combinations(views, 2):
+        by_score = score(Candidate(a, footprint), kv_ceiling) - score(
+            Candidate(b, footprint), kv_ceiling
+        )
+        by_key = key(a, kv_ceiling) - key(b, kv_ceiling)
+        assert (by_score > 0, by_score == 0) == (by_key > 0, by_key == 0), (a, b)
+
+
+def test_every_key_of_the_engine_order_is_one_a_scorer_can_name() -> None:
+    assert set(ORDER_KEY) == set(ORDER_KEYS)
+    assert {s.ordered_by for s in SCORERS.values()} <= {*ORDER_KEYS, None}
+
+
+@pytest.mark.parametrize(
+    ("scorers", "ranking"),
+    [
+        (("most_free_after", "fewest_running"), "running"),  # the default
+        (("most_free_blocks", "fewest_running"), "running"),
+        (("most_free_after",), "free"),
+        (("most_free_blocks",), "free"),
+        (("fewest_running",), None),  # the order leads by free blocks
+        (("fewest_running", "most_free_blocks"), None),
+        (("most_free_after", "most_free_blocks"), None),
+        (("most_free_blocks", "fewest_running", "fewest_running"), None),
+        (("lowest_kv_fraction",), None),
+        (("most_free_after", "lowest_kv_fraction"), None),
+        (("most_free_after", "fewest_running", "lowest_kv_fraction"), None),
+    ],
+)
+def test_the_order_ranks_as_scorers_whose_keys_are_its_first_keys(
+    scorers: tuple[str, ...], ranking: str | None
+) -> None:
+    assert ordered_ranking(scorers) == ranking
+    assert Router(scorers).ordered_by == ranking
+
+
+def test_the_cached_block_weight_reaches_the_scorers_that_read_it() -> None:
+    c = _prefixed("c", 50, 20, cached=4)  # 100 − 50 − 20 + 4w
+    assert Router(["most_free_after"], cached_block_weight=2).score(c, 1.0) == (38.0,)
+    assert SCORERS["most_free_after"].score(c, 1.0) == 30 + 4 * DEFAULT_CACHED_BLOCK_WEIGHT
+    assert {n for n, s in SCORERS.items() if s.weighted} == {"most_free_after"}

@@ -2,14 +2,16 @@
 -- ARGV: 4 lease id, 5 replica, 6 lease ttl s, 7 tenant, 8 priority, 9 weight,
 --   10 max concurrency, 11 rpm, 12 tpm, 13 tenant max blocks ('' = no limit), 14 tokens,
 --   15 queued '1'/'0', 16 tie-break seed ('' = the clock's microseconds: common.lua
---   `begin`), 17 scorers (csv), 18 the line's burst credit in blocks, 19 headroom
---   (fraction, 0 = off), 20 the active window s, 21 candidate count (or 'g': a grouped
---   ask), 22 the cached block weight (most_free_after), then per candidate 11 values:
---   name, capacity blocks at the ceiling, sequence slots (max_num_seqs + staged), foreign
---   blocks, foreign seqs, healthy '1'/'0', need blocks, need seqs, need prompt blocks, its
---   prefix (the number of a list below, 0 = none), blocks the engine is expected to cache
---   (the replica's index); then the number of prefix lists, and each list as its length
---   and its hashes (hex).
+--   `begin`), 17 routing: down to which key the engine order ranks engines as the scorers
+--   do ('free', 'running', '' = not: routing.py `Router.ordered_by`), ';', the scorers
+--   (csv), as 'running;most_free_after,fewest_running', 18 the line's burst credit in
+--   blocks, 19 headroom (fraction, 0 = off), 20 the active window s, 21 candidate count
+--   (or 'g': a grouped ask), 22 the cached block weight (most_free_after), then per
+--   candidate 11 values: name, capacity blocks at the ceiling, sequence slots (max_num_seqs
+--   + staged), foreign blocks, foreign seqs, healthy '1'/'0', need blocks, need seqs, need
+--   prompt blocks, its prefix (the number of a list below, 0 = none), blocks the engine is
+--   expected to cache (the replica's index); then the number of prefix lists, and each
+--   list as its length and its hashes (hex).
 --   A grouped ask (issue 14, docs/engine-index.md) has instead: 23 its group, 24 its KV
 --   ceiling, 25 staged '1'/'0', 26-30 its common footprint (blocks, seqs, prompt blocks,
 --   prefix list, cached blocks), 31 the number of exceptions, then per exception its
@@ -68,8 +70,11 @@ local held = num(redis.call('HGET', K_TEN, 'k:' .. tenant))
 local own = queued and entry(id) or nil -- this ask's entry in the line
 local chosen = nil -- the candidate the lease goes to
 do -- the choice (its locals end here: a script prepended with common.lua has at most 200)
-  local scorers = {}
-  for name in string.gmatch(ARGV[17], '[^,]+') do scorers[#scorers + 1] = name end
+  -- 'running' / 'free' when the engine order ranks as the scorers do, else ''.
+  local scorers, by_running = {}, string.match(ARGV[17], '^(%a*);')
+  for name in string.gmatch(string.sub(ARGV[17], #by_running + 2), '[^,]+') do
+    scorers[#scorers + 1] = name
+  end
   local nscore = #scorers
   local cached_weight = tonumber(ARGV[22])
 
@@ -230,7 +235,8 @@ do -- the choice (its locals end here: a script prepended with common.lua has at
         and rule_of() ~= nil) and '1' or '0'}
   end
 
-  -- The candidate's score by each scorer (routing.py), higher is better.
+  -- The candidate's score by each scorer, higher is better: a branch for each of routing.py
+  -- `SCORERS`, as it scores (tests/state/test_scorers.py).
   local function score_of(c, free, running)
     local score = {}
     for i = 1, nscore do
@@ -263,18 +269,9 @@ do -- the choice (its locals end here: a script prepended with common.lua has at
   -- scored one by one; the rest are ranked by gord, so only the engines ranked above the
   -- choice that fail the filter or the headroom rule are read. Returns the chosen
   -- candidate, a reply (refused), or nil where every engine must be scored (as then below).
-  local by_running = nil -- 'running' / 'free' when the order ranks as the scorers do
-  if nscore >= 1 and (scorers[1] == 'most_free_after' or scorers[1] == 'most_free_blocks') then
-    if nscore == 1 then
-      by_running = 'free'
-    elseif nscore == 2 and scorers[2] == 'fewest_running' then
-      by_running = 'running'
-    end
-  end
-
   local function ordered()
     local present = num(sums[2])
-    if by_running == nil or ceiling ~= tonumber(sums[1]) or present == 0 or need_f.s < 1 then
+    if by_running == '' or ceiling ~= tonumber(sums[1]) or present == 0 or need_f.s < 1 then
       return nil
     end
     -- The group's engines with a view (name -> true), looked up as they are asked for.
