@@ -74,7 +74,18 @@ NEWCOMER_SEQ = 2**62
 """The arrival number of an ask that is not queued yet: after everyone who is."""
 
 Key = tuple[int, float, int]
-"""An entry's place in the line; smaller goes first: (−priority, start tag, arrival)."""
+"""An entry's place in the line; smaller goes first: (−priority, start tag to six decimals,
+arrival)."""
+
+PLACE_DECIMALS = 6
+"""Start tags order the line to this many decimals, as the Redis line's text keys do
+(`%024.6f`): two tags equal in exact arithmetic but summed along different paths (weight
+1.5: 1/1.5 + 4/1.5 and 5/1.5 differ in the last bit) go by arrival in both stores."""
+
+
+def place(start: float) -> float:
+    """A start tag as the line orders it (`PLACE_DECIMALS`)."""
+    return round(start, PLACE_DECIMALS)
 
 
 def check_burst(burst_blocks: float) -> None:
@@ -107,7 +118,7 @@ class Waiting:
 
     @property
     def key(self) -> Key:
-        return (-self.priority, self.start, self.seq)
+        return (-self.priority, place(self.start), self.seq)
 
 
 def _by_key(entry: Waiting) -> Key:
@@ -178,7 +189,7 @@ class FairQueue:
     def newcomer_key(self, tenant: str, priority: int, weight: float) -> Key:
         """Where an ask that is not queued would stand: behind everyone already queued with
         the same start tag."""
-        return (-priority, self.start_tag(tenant, priority, weight), NEWCOMER_SEQ)
+        return (-priority, place(self.start_tag(tenant, priority, weight)), NEWCOMER_SEQ)
 
     def push(
         self,

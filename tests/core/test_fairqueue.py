@@ -357,3 +357,18 @@ def test_surcharge_moves_the_finish_tag_without_burst_credit():
     assert line.last_finish("t", 0) == 5
     line.surcharge("u", 0, 1.0, 3)  # a tenant with no history starts at V
     assert line.last_finish("u", 0) == line.virtual_now(0) + 3
+
+
+def test_start_tags_equal_but_for_rounding_go_by_arrival():
+    """Weight 1.5: a's second start tag is 5/1.5 = 3.3333333333333335, b's 1/1.5 + 4/1.5 =
+    3.333333333333333 — equal in exact arithmetic, apart in the last bit. The line orders
+    start tags to six decimals, as the Redis line's text keys do, so the tie goes by arrival
+    (a first) in both stores; by the float b went first here and a on Redis."""
+    q = FairQueue(burst_blocks=0)
+    a1 = push(q, "a", 5, weight=1.5)
+    b1 = push(q, "b", 1, weight=1.5)
+    b2 = push(q, "b", 4, weight=1.5)
+    a2 = push(q, "a", 1, weight=1.5)
+    b3 = push(q, "b", 1, weight=1.5)
+    assert a2.start != b3.start and a2.start == pytest.approx(b3.start)  # the last bit
+    assert [e.id for e in q.in_order()] == [a1.id, b1.id, b2.id, a2.id, b3.id]

@@ -85,12 +85,10 @@ and entries expiring `lease_ttl_s` after their replica's last renewal, leases wr
 by a renewal, key TTLs, change notices. The test's leases never expire (a TTL far beyond its
 clock); renewals are applied to both and must change nothing.
 
-One difference is known and left: Redis orders the line by its tags' text (six decimals),
-the in-process line by the float, so two start tags equal in exact arithmetic but summed
-along different paths (weight 1.5: 1/1.5 + 4/1.5 = 3.333333333333333, 5/1.5 =
-3.3333333333333335) go by arrival on Redis and by the last bit in-process. Here only d's
-weight (1.5) is not a power of two and such ties have not come up; tenants of weights 1.5
-and 1.5 joining 5; 1 and 4; then one more each show it at once.
+The line orders start tags to six decimals in both stores (`core.fairqueue.place`, as the
+Redis line's `%024.6f` text keys do): two tags equal in exact arithmetic but summed along
+different paths (d's weight 1.5: 1/1.5 + 4/1.5 and 5/1.5) go by arrival in both; by the
+float they went by the last bit in-process (tests/core/test_fairqueue.py pins the case).
 """
 
 from __future__ import annotations
