@@ -18,7 +18,7 @@ from collections.abc import Callable
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.core.fairqueue import NEWCOMER_SEQ, FairQueue, Key, Waiting
+from gateway.core.fairqueue import NEWCOMER_SEQ, FairQueue, Key, Waiting, place
 
 TENANTS = ("a", "b", "c")
 ENGINES = ("e1", "e2")
@@ -85,7 +85,7 @@ def answers_as_scanned(q: FairQueue, v_before: dict[int, float]) -> None:
             assert q.last_finish(t, p) >= max(finishes, default=0.0)
             for w in (0.5, 1.0):
                 key = q.newcomer_key(t, p, w)
-                assert key == (-p, q.start_tag(t, p, w), NEWCOMER_SEQ)
+                assert key == (-p, place(q.start_tag(t, p, w)), NEWCOMER_SEQ)
                 for engines in ({"e1"}, {"e2"}, {"e1", "e2"}):
                     es = frozenset(engines)
                     assert q.blocker(key, es) == scanned_blocker(line, key, es)
