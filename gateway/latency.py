@@ -16,7 +16,8 @@ admission and the observations that calibrate it:
   bound, not the mean the calibration fits;
 - **when its requests end** (`releases`): each followed request whose output budget is known,
   at its first token (or predicted first token) plus its budget's steps at the TPOT a
-  request sent now would get — an upper bound where answers stop before `max_tokens`;
+  request sent now would get, stretched by the 95th percentile of how far such forecasts
+  ran short there (`decode_factor`) — an upper bound where answers stop before `max_tokens`;
 - **observations**: a TTFT (the `ttft_work` at sending, against the time from sending to
   the first streamed chunk), a decode (the steps after the first token, against the time to
   the end; a whole non-streamed answer as the sum of both), and one mean engine step per
@@ -73,6 +74,7 @@ class Sent:
         "lane",
         "max_tokens",
         "predicted",
+        "predicted_decode",
         "prefill",
         "sent_seqs",
         "sent_tokens",
@@ -104,6 +106,7 @@ class Sent:
         self.state = _PENDING
         self.work: StepWork | None = None  # its TTFT's work at sending (None: not predicted)
         self.predicted = 0.0  # its TTFT predicted at sending, in seconds (with `work`)
+        self.predicted_decode = 0.0  # at its first token: its whole budget's decode, seconds
         self.due = math.inf  # not streamed: when its first token is expected
         self.first_at = 0.0
         # At the start of its decode (streamed: its first token; not streamed: sending): the
@@ -124,6 +127,9 @@ class _Lane:
     # quantile once worked out (None: to work out again).
     errors: deque[float] = field(default_factory=lambda: deque(maxlen=ERRORS))
     factor: float | None = None
+    # The same for the decode of requests that ran their whole output budget.
+    decode_errors: deque[float] = field(default_factory=lambda: deque(maxlen=ERRORS))
+    decode_factor: float | None = None
     pending_seqs: int = 0  # their sequences
     unstreamed: int = 0  # of them, not streamed (their first token is not seen)
     decoding: int = 0  # sequences of the followed requests past their first token
@@ -196,13 +202,22 @@ class LatencyBook:
         `ERRORS_NEEDED` were seen, or without calibration). The model fits the mean; a
         deadline needs a bound."""
         lane = self._lanes.get(engine)
-        if lane is None or len(lane.errors) < ERRORS_NEEDED:
+        if lane is None:
             return 1.0
         if lane.factor is None:
-            ranked = sorted(lane.errors)
-            at = min(len(ranked) - 1, int(ERROR_QUANTILE * len(ranked)))
-            lane.factor = max(1.0, ranked[at])
+            lane.factor = _bound(lane.errors)
         return lane.factor
+
+    def decode_factor(self, engine: str) -> float:
+        """`ttft_factor` for the decode of a whole output budget: observed over predicted
+        time from first token to end of the last `ERRORS` streamed requests that ran their
+        budget there (`releases` stretches its forecast by it)."""
+        lane = self._lanes.get(engine)
+        if lane is None:
+            return 1.0
+        if lane.decode_factor is None:
+            lane.decode_factor = _bound(lane.decode_errors)
+        return lane.decode_factor
 
     def tightest_tpot(self, engine: str) -> float | None:
         """The smallest TPOT target of this process's requests in flight on `engine`."""
@@ -234,7 +249,7 @@ class LatencyBook:
             return []
         now = self.clock()
         costs = self.models.costs(engine)
-        tpot = predict_tpot(costs, self.snapshot(engine))
+        tpot = predict_tpot(costs, self.snapshot(engine)) * self.decode_factor(engine)
         ends = []
         for sent in lane.running:
             if sent.max_tokens is not None:
@@ -310,6 +325,9 @@ class LatencyBook:
         sent.state, sent.first_at = _DECODING, now
         if not (self.calibrate and sent.streamed and self._current(sent)):
             return
+        if sent.max_tokens is not None and sent.max_tokens > 1 and sent.seqs == 1:
+            tpot = predict_tpot(self.models.costs(sent.engine), self.snapshot(sent.engine))
+            sent.predicted_decode = (sent.max_tokens - 1) * tpot
         if sent.work is not None and sent.seqs == 1:
             self.models.observe(sent.engine, sent.work, now - sent.at)
             if sent.predicted > 0:
@@ -325,6 +343,9 @@ class LatencyBook:
         lane = sent.lane
         if lane is not None and sent.state == _DECODING and self.calibrate and self._current(sent):
             self._observe_decode(sent, lane, output_tokens // sent.seqs)
+            if sent.predicted_decode > 0 and output_tokens == sent.max_tokens:
+                lane.decode_errors.append((self.clock() - sent.first_at) / sent.predicted_decode)
+                lane.decode_factor = None
         self.dropped(sent)
 
     def dropped(self, sent: Sent) -> None:
@@ -536,3 +557,11 @@ def _total(values: Iterable[int | None]) -> int | None:
     if not got or any(v is None for v in got):
         return None
     return sum(v for v in got if v is not None)
+
+
+def _bound(errors: deque[float]) -> float:
+    """`ERROR_QUANTILE` of observed over predicted, at least 1; 1 with too few."""
+    if len(errors) < ERRORS_NEEDED:
+        return 1.0
+    ranked = sorted(errors)
+    return max(1.0, ranked[min(len(ranked) - 1, int(ERROR_QUANTILE * len(ranked)))])

@@ -546,3 +546,27 @@ def test_the_ttft_factor_is_a_high_quantile_of_observed_over_predicted():
         clock3.now += 1.0
         off.first_token(sent)
     assert off.ttft_factor("e") == 1.0
+
+
+def test_the_decode_factor_stretches_the_forecast_of_ends():
+    """Requests that ran their whole budget 1.2x as long as forecast at their first token:
+    after `ERRORS_NEEDED` of them `releases` forecasts ends 1.2x as far; one that stopped
+    before its budget (an end of sequence) is not an observation of the forecast."""
+    from gateway.latency import ERRORS_NEEDED
+
+    b, clock = book()
+    for _ in range(ERRORS_NEEDED):
+        sent = b.sent("e", 100, None, max_tokens=11)
+        clock.now += 0.01
+        b.first_token(sent)
+        clock.now += sent.predicted_decode * 1.2
+        b.finished(sent, 11)
+    stopped = b.sent("e", 100, None, max_tokens=11)
+    b.first_token(stopped)
+    clock.now += stopped.predicted_decode * 5  # a long one that stopped at 3 tokens
+    b.finished(stopped, 3)
+    assert b.decode_factor("e") == pytest.approx(1.2)
+    running = b.sent("e", 100, None, max_tokens=11)
+    b.first_token(running)
+    tpot = predict_tpot(b.costs("e"), b.snapshot("e"))  # the costs as calibrated so far
+    assert b.releases("e") == pytest.approx([10 * tpot * 1.2])
