@@ -12,16 +12,24 @@ per-request, per-tenant and per-engine structure of the gateway:
 
 * four tenants: one unlimited (weight 2), one with `rpm`, one with `max_concurrency` 4, one
   with `tpm` — so some requests are refused (429), some wait in the line and some time out;
-* chat completions (a shared system prompt, distinct user text) and completions (distinct
-  prompts), `max_tokens` 4-32, half of them streamed;
+* chat completions (a shared system prompt, distinct user text), completions (distinct
+  prompts) and, for `RESPONSES_SHARE` (40 %) of the requests, Responses API requests
+  (`/v1/responses`: the same instructions and distinct input; a quarter of them continue the
+  last plain answer their loop got, by `previous_response_id`, which the gateway routes to
+  the engine that stored it); `max_tokens` (`max_output_tokens`) 4-32, half of them streamed;
 * 10 % cancelled by the client (a stream left after its first events, an answer not waited
   for), 2 % bad requests (a body that is not JSON: 400; an unknown model: 404).
 
-The gateway's bounded caches are made small so that they are full by the end of the warm-up
-(`prefix_cache.index_entries` 4096, checked at `/admin/status`: the engines' prefix index
-entries at the end of the warm-up and at the end; the output-length samples are a window of
-`reservation.window` requests, 1,000). The Responses API's id log (10,000 entries) is not
-exercised: the simulator has no `/v1/responses`.
+The gateway's bounded caches are made small, or fed enough, so that they are full by the end
+of the warm-up: `prefix_cache.index_entries` 4096, checked at `/admin/status` (the engines'
+prefix index entries at the end of the warm-up and at the end); the output-length samples, a
+window of `reservation.window` requests (1,000); the Responses API's id log
+(`gateway/stored_responses.py`, the last `MAX_STORED` = 10,000 answers the gateway relayed to
+their end). `/admin/status` does not show that log's size: the run counts the Responses
+answers the load read to their end with status 200 — each one an id the gateway remembered —
+and reports the log as holding `min(that count, 10,000)`, full once the count reaches it: about
+two thirds of the Responses requests are read in full (the others are refused, cancelled or
+bad), so at about 38,000 requests (2026-12-08: 13,184 answers read by 50,552 requests).
 
 The gateway's resident memory (`/proc/PID/statm`) is sampled every `--sample-s` with the
 number of requests ended so far. After `--warmup` requests, the next `--requests` (or
@@ -56,12 +64,15 @@ import httpx
 
 from gateway.harness import Child, GatewayProcess, RedisServer, SimProcess
 from gateway.loadtest.cpu import loadavg, machine
+from gateway.stored_responses import MAX_STORED
 
 MODEL = "tiny"
 ADMIN_KEY = "soak-admin"
 TENANT_KEYS = {"free": "soak-free", "rpm": "soak-rpm", "conc": "soak-conc", "tpm": "soak-tpm"}
 INDEX_ENTRIES = 4096
 SYSTEM = "You are a careful assistant. Answer in one short sentence, plainly. " * 4
+RESPONSES_SHARE = 0.4  # of the mix: enough answers to fill the id log within the warm-up
+FOLLOW_UP_SHARE = 0.25  # of those: continue the loop's last plain answer (previous_response_id)
 ENGINE = dict(
     num_gpu_blocks=512,
     block_size=16,
@@ -101,15 +112,27 @@ def gateway_config(engines: list[str], redis_url: str | None) -> dict[str, Any]:
 # The load process
 
 
-def one_request(rng: random.Random) -> tuple[str, str, bytes, bool, bool]:
-    """(tenant key, path, body, stream, cancel) of one request of the mix."""
+def one_request(
+    rng: random.Random, previous: str | None = None
+) -> tuple[str, str, bytes, bool, bool]:
+    """(tenant key, path, body, stream, cancel) of one request of the mix; `previous`: the
+    id of a Responses answer a Responses request may continue."""
     key = TENANT_KEYS[rng.choice(("free", "free", "rpm", "conc", "tpm"))]
     stream = rng.random() < 0.5
     cancel = rng.random() < 0.1
     words = " ".join(f"w{rng.randrange(1_000_000)}" for _ in range(rng.randrange(8, 80)))
     body: dict[str, Any] = {"model": MODEL, "max_tokens": rng.randrange(4, 33), "stream": stream}
     bad = rng.random()
-    if rng.random() < 0.5:
+    kind = rng.random()
+    if kind < RESPONSES_SHARE:
+        path = "/v1/responses"
+        body["max_output_tokens"] = body.pop("max_tokens")
+        body["input"] = words
+        if previous is not None and rng.random() < FOLLOW_UP_SHARE:
+            body["previous_response_id"] = previous
+        else:
+            body["instructions"] = SYSTEM
+    elif kind < (1 + RESPONSES_SHARE) / 2:
         path = "/v1/chat/completions"
         body["messages"] = [
             {"role": "system", "content": SYSTEM},
@@ -125,10 +148,31 @@ def one_request(rng: random.Random) -> tuple[str, str, bytes, bool, bool]:
     return key, path, json.dumps(body).encode(), stream, cancel
 
 
-async def _send(http: Any, url: str, rng: random.Random, outcomes: Counter[str]) -> None:
+def response_id(answer: bytes, stream: bool) -> str | None:
+    """The id of a whole Responses answer: its body's, or its first event's (`response.created`)."""
+    try:
+        if not stream:
+            found = json.loads(answer).get("id")
+        else:
+            first = answer.split(b"\n\n", 1)[0]
+            data = next(line for line in first.split(b"\n") if line.startswith(b"data:"))
+            found = json.loads(data[5:])["response"]["id"]
+    except (ValueError, KeyError, StopIteration, AttributeError, TypeError):
+        return None
+    return found if isinstance(found, str) and found.startswith("resp_") else None
+
+
+async def _send(
+    http: Any, url: str, rng: random.Random, outcomes: Counter[str], previous: str | None
+) -> tuple[bool, str | None]:
+    """One request of the mix: whether it was a Responses answer read in full with 200 (an id
+    the gateway's log remembered), and that id when the request did not continue another (for
+    the loop to continue later)."""
     import aiohttp  # the load process only
 
-    key, path, body, stream, cancel = one_request(rng)
+    key, path, body, stream, cancel = one_request(rng, previous)
+    # A continuation, unless it is one of the bad requests (an unknown model: 404).
+    follow_up = b'"previous_response_id"' in body and b"no-such-model" not in body
     headers = {"authorization": f"Bearer {key}", "content-type": "application/json"}
     try:
         if cancel and not stream:
@@ -139,22 +183,36 @@ async def _send(http: Any, url: str, rng: random.Random, outcomes: Counter[str])
                 outcomes[str(r.status)] += 1
             except TimeoutError:
                 outcomes["cancelled"] += 1
-            return
+            return False, None
         async with http.post(url + path, data=body, headers=headers) as r:
             if stream and cancel and r.status == 200:
                 async for _ in r.content:
                     break  # gone after the first event
                 outcomes["cancelled"] += 1
-                return
-            await r.read()
+                return False, None
+            answer = await r.read()
             outcomes[str(r.status)] += 1
+            if follow_up:
+                outcomes[f"follow_up {r.status}"] += 1
+            if path != "/v1/responses" or r.status != 200:
+                return False, None
+            found = response_id(answer, stream)
+            if found is None:
+                outcomes["responses without id"] += 1
+                return False, None
+            outcomes["responses read"] += 1
+            return True, None if follow_up else found
     except (aiohttp.ClientError, OSError) as exc:
         outcomes[type(exc).__name__] += 1
+    return False, None
 
 
-def load_process(url: str, concurrency: int, total: int, seed: int, done: Any, stop: Any) -> None:
+def load_process(
+    url: str, concurrency: int, total: int, seed: int, done: Any, stop: Any, answered: Any
+) -> None:
     """`concurrency` closed loops until `total` requests have ended or `stop` is set;
-    `done` counts the requests ended. Prints the outcomes at the end."""
+    `done` counts the requests ended, `answered` the Responses answers read in full (200).
+    Prints the outcomes at the end."""
     import aiohttp
 
     async def main() -> Counter[str]:
@@ -167,9 +225,14 @@ def load_process(url: str, concurrency: int, total: int, seed: int, done: Any, s
             async def loop(i: int) -> None:
                 nonlocal started
                 rng = random.Random(seed * 1000 + i)
+                previous: str | None = None
                 while started < total and not stop.is_set():
                     started += 1
-                    await _send(http, url, rng, outcomes)
+                    read, found = await _send(http, url, rng, outcomes, previous)
+                    previous = found or previous
+                    if read:
+                        with answered.get_lock():
+                            answered.value += 1
                     with done.get_lock():
                         done.value += 1
 
@@ -218,6 +281,12 @@ def index_entries(snap: dict[str, Any]) -> int:
     return sum((e.get("prefix_index") or {}).get("blocks", 0) for e in snap["engines"])
 
 
+def stored_responses(answered: int) -> dict[str, int]:
+    """The gateway's Responses id log, from the answers the load read in full (each one an id
+    it remembered; `/admin/status` does not show the log)."""
+    return {"answered": answered, "entries": min(answered, MAX_STORED), "max": MAX_STORED}
+
+
 def leftovers(snap: dict[str, Any]) -> dict[str, int]:
     return {
         "reserved_blocks": sum(e["reserved_blocks"] for e in snap["engines"]),
@@ -250,11 +319,11 @@ def run(args: argparse.Namespace, workdir: Path, children: list[Any]) -> dict[st
     print(f"gateway {gateway.url} (pid {gateway.pid}), store {args.store}", flush=True)
 
     ctx = mp.get_context("spawn")
-    done, stop = ctx.Value("q", 0), ctx.Event()
+    done, stop, answered = ctx.Value("q", 0), ctx.Event(), ctx.Value("q", 0)
     total = args.warmup + args.requests
     load = ctx.Process(
         target=load_process,
-        args=(gateway.url, args.concurrency, total, args.seed, done, stop),
+        args=(gateway.url, args.concurrency, total, args.seed, done, stop, answered),
         daemon=True,
     )
     load.start()
@@ -271,6 +340,7 @@ def run(args: argparse.Namespace, workdir: Path, children: list[Any]) -> dict[st
                 snap = status(gateway.url)
                 warm = {"at_s": now, "requests": count, "rss": samples[-1][2]}
                 warm["index_entries"] = index_entries(snap)
+                warm["stored_responses"] = stored_responses(answered.value)
                 deadline = now + args.max_seconds
                 print(f"warm-up done: {warm}", flush=True)
             elif len(samples) % 12 == 0:
@@ -299,6 +369,7 @@ def run(args: argparse.Namespace, workdir: Path, children: list[Any]) -> dict[st
         seconds=samples[-1][0],
         slope_bytes_per_request={"all": [b_all, ci_all], "last_half": [b_half, ci_half]},
         index_entries_end=index_entries(snap),
+        stored_responses_end=stored_responses(answered.value),
         leftovers=leftovers(snap),
         samples=samples,
     )
@@ -312,9 +383,17 @@ def run(args: argparse.Namespace, workdir: Path, children: list[Any]) -> dict[st
         f"(upper end {b_half + ci_half:+.3f}); whole measured phase {b_all:+.3f} ± {ci_all:.3f}\n"
         f"prefix index entries: {warm['index_entries']} at the end of the warm-up, "
         f"{report['index_entries_end']} at the end (bound: {INDEX_ENTRIES} in all, at most "
-        f"each engine's usable blocks there)\nleft after the load: {report['leftovers']}"
+        f"each engine's usable blocks there)\n"
+        f"Responses id log: {_log_line(warm['stored_responses'])} at the end of the warm-up, "
+        f"{_log_line(report['stored_responses_end'])} at the end\n"
+        f"left after the load: {report['leftovers']}"
     )
     return report
+
+
+def _log_line(log: dict[str, int]) -> str:
+    full = "full" if log["entries"] >= log["max"] else "not full"
+    return f"{log['entries']}/{log['max']} entries ({full}; {log['answered']} answers read)"
 
 
 def _stop(signum: int, _frame: Any) -> None:

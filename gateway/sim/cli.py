@@ -88,6 +88,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "0.7-0.10 did (default: accept, as current vLLM)",
     )
     add(
+        "--max-stored-responses",
+        type=_non_negative_int,
+        default=d.max_stored_responses,
+        help="Responses API responses kept for previous_response_id, least recently used "
+        "forgotten first (default %(default)s; 0: none, as vLLM without "
+        "VLLM_ENABLE_RESPONSES_API_STORE; vLLM with it keeps them all)",
+    )
+    add(
         "--hide-metric",
         dest="hidden_metrics",
         action="append",
@@ -152,6 +160,7 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         max_num_queued_reqs=args.max_num_queued_reqs,
         max_num_queued_tokens=args.max_num_queued_tokens,
         reject_duplicate_request_ids=args.reject_duplicate_request_ids,
+        max_stored_responses=args.max_stored_responses,
         hidden_metrics=tuple(args.hidden_metrics),
         host=args.host,
         port=args.port,

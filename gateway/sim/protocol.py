@@ -142,21 +142,21 @@ def parse_generation(
     prompt: ChatPrompt | CompletionPrompts
     max_tokens_param = "max_tokens"
     if kind == "chat":
-        prompt = _chat_messages(body)
-        max_tokens = _optional_int(body, "max_completion_tokens")
+        prompt = chat_messages(body)
+        max_tokens = optional_int(body, "max_completion_tokens")
         if max_tokens is None:
-            max_tokens = _optional_int(body, "max_tokens")
+            max_tokens = optional_int(body, "max_tokens")
         else:
             max_tokens_param = "max_completion_tokens"
     else:
         prompt = _completion_prompts(body.get("prompt"))
-        max_tokens = _optional_int(body, "max_tokens")
-    n = _optional_int(body, "n")
+        max_tokens = optional_int(body, "max_tokens")
+    n = optional_int(body, "n")
     if n is not None and n < 1:
         raise bad_request(f"n must be at least 1, got {n}.", "n")
     if max_tokens is not None and max_tokens < 1:
         raise bad_request(f"max_tokens must be at least 1, got {max_tokens}.", "max_tokens")
-    stream = _optional_bool(body, "stream") or False
+    stream = optional_bool(body, "stream") or False
     options = body.get("stream_options")
     if options is not None and not isinstance(options, dict):
         raise bad_request("'stream_options' must be an object.", "stream_options")
@@ -164,7 +164,7 @@ def parse_generation(
         raise bad_request(
             "Stream options can only be defined when `stream=True`.", "stream_options"
         )
-    include_usage = bool(options and _optional_bool(options, "include_usage"))
+    include_usage = bool(options and optional_bool(options, "include_usage"))
     return GenerationRequest(
         kind=kind,
         model=model,
@@ -173,9 +173,9 @@ def parse_generation(
         n=1 if n is None else n,
         stream=stream,
         include_usage=include_usage,
-        ignore_eos=_optional_bool(body, "ignore_eos") or False,
-        seed=_optional_int(body, "seed"),
-        cache_salt=_cache_salt(body),
+        ignore_eos=optional_bool(body, "ignore_eos") or False,
+        seed=optional_int(body, "seed"),
+        cache_salt=cache_salt_of(body),
         default_max_tokens=(
             COMPLETIONS_DEFAULT_MAX_TOKENS
             if kind == "completion" and "max_tokens" not in body
@@ -269,11 +269,13 @@ def parse_tokenize(
     prompt = body.get("prompt")
     if not isinstance(prompt, str):
         raise bad_request("'prompt' must be a string (or send 'messages').", "prompt")
-    add_special = _optional_bool(body, "add_special_tokens")
+    add_special = optional_bool(body, "add_special_tokens")
     return tokenizer.encode(prompt, add_special_tokens=True if add_special is None else add_special)
 
 
-def _chat_messages(body: Mapping[str, Any]) -> ChatPrompt:
+def chat_messages(body: Mapping[str, Any]) -> ChatPrompt:
+    """The ``messages`` of a chat body (with its template options), checked as vLLM checks
+    them: roles, content parts, no media, no request template. Not rendered yet."""
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise bad_request("'messages' must be a non-empty list of messages.", "messages")
@@ -304,7 +306,7 @@ def _render_chat(prompt: ChatPrompt, tokenizer: HfTokenizer) -> str:
 
 def _chat_prompt(body: Mapping[str, Any], tokenizer: HfTokenizer) -> tuple[int, ...]:
     # vLLM encodes a rendered chat prompt without adding special tokens again (unless asked).
-    prompt = _chat_messages(body)
+    prompt = chat_messages(body)
     text = _render_chat(prompt, tokenizer)
     add_special = prompt.chat is not None and prompt.chat.add_special_tokens
     return tuple(tokenizer.encode(text, add_special_tokens=add_special))
@@ -376,7 +378,7 @@ def _check_vocabulary(ids: Sequence[int], tokenizer: HfTokenizer) -> None:
             raise bad_request(f"Token id {token_id} is out of vocabulary", "prompt")
 
 
-def _cache_salt(body: Mapping[str, Any]) -> str | None:
+def cache_salt_of(body: Mapping[str, Any]) -> str | None:
     salt = body.get("cache_salt")
     if salt is not None and (not isinstance(salt, str) or not salt):
         raise bad_request(
@@ -389,7 +391,7 @@ def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _optional_int(body: Mapping[str, Any], key: str) -> int | None:
+def optional_int(body: Mapping[str, Any], key: str) -> int | None:
     value = body.get(key)
     if value is None:
         return None
@@ -399,7 +401,7 @@ def _optional_int(body: Mapping[str, Any], key: str) -> int | None:
     return result
 
 
-def _optional_bool(body: Mapping[str, Any], key: str) -> bool | None:
+def optional_bool(body: Mapping[str, Any], key: str) -> bool | None:
     value = body.get(key)
     if value is None:
         return None

@@ -1,8 +1,9 @@
 """A simulated vLLM engine behind vLLM's OpenAI HTTP surface.
 
 ``create_app(SimConfig(...))`` returns a Starlette app whose lifespan runs the engine's step
-loop. Generation endpoints are raw ASGI so that a client disconnect, streaming or not, is seen
-at once and aborts the request in the engine (its blocks are freed), as vLLM does.
+loop. Generation endpoints (chat, completions, the Responses API) are raw ASGI so that a client
+disconnect, streaming or not, is seen at once and aborts the request in the engine (its blocks
+are freed), as vLLM does.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import contextlib
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -25,7 +26,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
-from gateway.sim import responses
+from gateway.sim import responses, responses_api
 from gateway.sim.engine import Engine, EngineLimits, RequestSpec, StepTiming
 from gateway.sim.front_door import QueueLimits
 from gateway.sim.generation import OutputPlan, OutputPlanner
@@ -46,6 +47,8 @@ from gateway.sim.protocol import (
     render_prompts,
 )
 from gateway.sim.request_ids import RequestIdLog
+from gateway.sim.response_store import DEFAULT_CAPACITY, ResponseStore, StoredResponse
+from gateway.sim.responses_api import ResponsesCall
 from gateway.tokens.hf import BUNDLED_TOKENIZER_DIR, HfTokenizer
 
 SIM_VLLM_VERSION = "0.32.0+kvgateway.sim"
@@ -72,6 +75,9 @@ class SimConfig:
     max_num_queued_reqs: int | None = None  # vLLM's front-door limits (503), off by default
     max_num_queued_tokens: int | None = None
     reject_duplicate_request_ids: bool = False  # older vLLM: a 400 for an id in flight
+    # Responses API responses kept for previous_response_id (vLLM keeps them all, unbounded,
+    # with VLLM_ENABLE_RESPONSES_API_STORE=1; 0 = store nothing, vLLM's default).
+    max_stored_responses: int = DEFAULT_CAPACITY
     hidden_metrics: tuple[str, ...] = ()  # families left out of /metrics (testing aid)
     gpu_memory_utilization: float = 0.92  # only reported in vllm:cache_config_info
     host: str = "127.0.0.1"
@@ -108,6 +114,7 @@ class SimState:
         self.engine = Engine(cfg.limits(), cfg.timing())
         self.queue_limits = cfg.queue_limits()
         self.request_ids = RequestIdLog()
+        self.responses = ResponseStore(cfg.max_stored_responses)
         self.metrics = EngineMetrics(
             model_name=cfg.served_model_name,
             limits=self.engine.limits,
@@ -144,6 +151,7 @@ def create_app(cfg: SimConfig) -> Starlette:
     routes = [
         Route("/v1/chat/completions", _GenerationEndpoint(state, "chat"), methods=["POST"]),
         Route("/v1/completions", _GenerationEndpoint(state, "completion"), methods=["POST"]),
+        Route("/v1/responses", _ResponsesEndpoint(state), methods=["POST"]),
         Route("/v1/models", _with_state(state, _models), methods=["GET"]),
         # Not a vLLM route (0.32 serves only the list): the OpenAI SDK's models.retrieve.
         Route("/v1/models/{model_id:path}", _with_state(state, _model), methods=["GET"]),
@@ -286,6 +294,9 @@ async def _sim_state(state: SimState, request: Request) -> Response:
             # x-request-id values of generation requests, the last 10,000 in arrival order.
             "x_request_ids": state.request_ids.recent(),
             "x_request_ids_total": state.request_ids.total,
+            # Responses API responses kept for previous_response_id, and the bound.
+            "stored_responses": len(state.responses),
+            "max_stored_responses": state.responses.capacity,
         }
     )
 
@@ -316,12 +327,12 @@ class _Decision:
     legacy_ids: tuple[str, ...]
 
 
-class _GenerationEndpoint:
-    """POST /v1/chat/completions or /v1/completions as a raw ASGI app."""
+class _EngineEndpoint:
+    """A generation route as a raw ASGI app: decide (``_decide``), then run the decision's
+    engine sequences and answer as they generate (``_job``), freeing them on every way out."""
 
-    def __init__(self, state: SimState, kind: Literal["chat", "completion"]) -> None:
+    def __init__(self, state: SimState) -> None:
         self._state = state
-        self._kind = kind
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         ids = self._state.request_ids
@@ -337,7 +348,7 @@ class _GenerationEndpoint:
             await _send_json(send, err.status, err.body())
             return
         request, prompts, choices = decision.request, decision.prompts, decision.choices
-        job = _Job(self._state, request, decision.request_id, prompts, choices, send)
+        job = self._job(decision, send)
         loop = self._state.loop
         sink: asyncio.Queue[Event] = asyncio.Queue()
         for legacy_id in decision.legacy_ids:
@@ -362,6 +373,35 @@ class _GenerationEndpoint:
                 ids.ended(legacy_id)
 
     def _decide(self, raw: bytes, x_request_id: str | None) -> _Decision:
+        """The accepted request, or raise the ``ApiError`` vLLM would answer."""
+        raise NotImplementedError
+
+    def _job(self, decision: _Decision, send: Send) -> _Job:
+        d = decision
+        return _Job(self._state, d.request, d.request_id, d.prompts, d.choices, send)
+
+    def _check_queue_limits(self, sequences: int) -> None:
+        """vLLM's front door, before the prompt is rendered (its ``_preflight``)."""
+        state = self._state
+        limits, engine = state.queue_limits, state.engine
+        reason = limits.refusal(
+            unfinished=engine.num_unfinished,
+            sequences=sequences,
+            prefill_backlog_tokens=engine.prefill_backlog_tokens() if limits.counts_tokens else 0,
+        )
+        if reason is not None:
+            state.metrics.count_admission_rejection(reason)
+            raise queue_refusal(reason)
+
+
+class _GenerationEndpoint(_EngineEndpoint):
+    """POST /v1/chat/completions or /v1/completions."""
+
+    def __init__(self, state: SimState, kind: Literal["chat", "completion"]) -> None:
+        super().__init__(state)
+        self._kind = kind
+
+    def _decide(self, raw: bytes, x_request_id: str | None) -> _Decision:
         """Parse, render and plan a request, or raise the ``ApiError`` vLLM would answer.
 
         The answer's id is ``chatcmpl-<x-request-id>`` / ``cmpl-<x-request-id>`` when the header
@@ -373,7 +413,7 @@ class _GenerationEndpoint:
         request = parse_generation(
             self._kind, parse_json(raw), served_model_name=cfg.served_model_name
         )
-        self._check_queue_limits(request)
+        self._check_queue_limits(request.num_sequences)
         prompts = render_prompts(
             request,
             tokenizer=state.tokenizer,
@@ -415,18 +455,58 @@ class _GenerationEndpoint:
             if log.in_flight(legacy_id):
                 raise bad_request(f"Request id {legacy_id} already running.")
 
-    def _check_queue_limits(self, request: GenerationRequest) -> None:
-        """vLLM's front door, before the prompt is rendered (its ``_preflight``)."""
+
+@dataclass(frozen=True)
+class _ResponsesDecision(_Decision):
+    call: ResponsesCall
+    conversation: tuple[Mapping[str, Any], ...]  # the chat rendered, stored with the answer
+    max_output_tokens: int  # the output budget, as the answer reports it
+
+
+class _ResponsesEndpoint(_EngineEndpoint):
+    """POST /v1/responses: one sequence, its prompt the request's conversation as a chat.
+
+    In vLLM's order: the fields (and the model), then ``previous_response_id`` (404 when this
+    engine does not hold it), then the rendered prompt's length. ``x-request-id`` is recorded
+    but does not name the answer (vLLM's id is the ``request_id`` field or a fresh one).
+    """
+
+    def _decide(self, raw: bytes, x_request_id: str | None) -> _ResponsesDecision:
         state = self._state
-        limits, engine = state.queue_limits, state.engine
-        reason = limits.refusal(
-            unfinished=engine.num_unfinished,
-            sequences=request.num_sequences,
-            prefill_backlog_tokens=engine.prefill_backlog_tokens() if limits.counts_tokens else 0,
+        cfg = state.cfg
+        call = responses_api.parse_responses(
+            parse_json(raw), served_model_name=cfg.served_model_name
         )
-        if reason is not None:
-            state.metrics.count_admission_rejection(reason)
-            raise queue_refusal(reason)
+        self._check_queue_limits(1)
+        previous = None
+        if call.previous_response_id is not None:
+            previous = state.responses.get(call.previous_response_id)
+            if previous is None:
+                raise responses_api.previous_not_found(call.previous_response_id)
+        messages = responses_api.conversation(call, previous)
+        request = responses_api.generation_request(call, messages)
+        (prompt,) = render_prompts(
+            request,
+            tokenizer=state.tokenizer,
+            max_model_len=cfg.max_model_len,
+            max_chars_per_token=state.max_chars_per_token,
+        )
+        if len(prompt) >= cfg.max_model_len:
+            raise responses_api.prompt_fills_context(len(prompt), cfg.max_model_len)
+        budget = output_budget(request, len(prompt), cfg.max_model_len)
+        plan = state.planner.plan(
+            prompt, budget, ignore_eos=request.ignore_eos, seed=request.seed, index=0
+        )
+        # vLLM's engine id is `<id>_0`; a client's own `request_id` may repeat, so make it unique.
+        engine_id = f"{call.response_id}_0-{uuid.uuid4().hex[:8]}"
+        choices = [_Choice(0, engine_id, plan)]
+        return _ResponsesDecision(
+            request, call.response_id, (prompt,), choices, (), call, messages, budget
+        )
+
+    def _job(self, decision: _Decision, send: Send) -> _Job:
+        assert isinstance(decision, _ResponsesDecision)
+        return _ResponsesJob(self._state, decision, send)
 
 
 class _Job:
@@ -567,6 +647,97 @@ class _Job:
         if not ended:
             return None
         return max(ended, key=lambda c: c.ended_order).num_cached_tokens
+
+
+class _ResponsesJob(_Job):
+    """A Responses API answer: a ``response`` object, or vLLM's named events as tokens arrive
+    (``response.created`` first, with the id; ``response.completed`` last, with the usage).
+    A ``store``d answer is kept, before it is sent (as vLLM), for a later
+    ``previous_response_id``; an answer cut short by a disconnect is not."""
+
+    def __init__(self, state: SimState, decision: _ResponsesDecision, send: Send) -> None:
+        super().__init__(
+            state,
+            decision.request,
+            decision.request_id,
+            decision.prompts,
+            decision.choices,
+            send,
+        )
+        self._call = decision.call
+        self._conversation = decision.conversation
+        self._max_output_tokens = decision.max_output_tokens
+        self._store = state.responses
+        self._item_id = f"msg_{uuid.uuid4().hex}"
+        self._sequence_number = 0
+
+    async def _collect(self, sink: asyncio.Queue[Event]) -> None:
+        async for _ in self._events(sink):
+            pass
+        await _send_json(self._send, 200, self._finish())
+
+    async def _stream(self, sink: asyncio.Queue[Event]) -> None:
+        await self._send(
+            {
+                "type": "http.response.start",
+                "status": 200,
+                "headers": [
+                    (b"content-type", b"text/event-stream; charset=utf-8"),
+                    (b"cache-control", b"no-cache"),
+                ],
+            }
+        )
+        opening = self._response("in_progress", [], None)
+        await self._event("response.created", {"response": opening})
+        await self._event("response.in_progress", {"response": opening})
+        opened = False
+        async for choice, event in self._events(sink):
+            if not isinstance(event, Generated):
+                continue
+            piece = self._planner.piece(choice.plan.token_ids[event.index])
+            if not piece:  # EOS: no text, no event
+                continue
+            if not opened:
+                for name, fields in responses_api.text_events_opening(self._item_id):
+                    await self._event(name, fields)
+                opened = True
+            await self._event(*responses_api.text_delta(self._item_id, piece))
+        if opened:
+            for name, fields in responses_api.text_events_closing(self._item_id, self._text()):
+                await self._event(name, fields)
+        await self._event("response.completed", {"response": self._finish()}, last=True)
+
+    def _finish(self) -> dict[str, Any]:
+        """The whole response (stored now when asked)."""
+        (choice,) = self._choices.values()
+        text = self._text()
+        status = "incomplete" if choice.plan.finish_reason == "length" else "completed"
+        usage = responses_api.usage(self._prompt_tokens, choice.generated, choice.num_cached_tokens)
+        output = [responses_api.output_message(self._item_id, text)]
+        if self._call.store:
+            self._store.put(self._call.response_id, StoredResponse(self._conversation, text))
+        return self._response(status, output, usage)
+
+    def _response(
+        self, status: str, output: list[dict[str, Any]], usage: dict[str, Any] | None
+    ) -> dict[str, Any]:
+        return responses_api.response(
+            self._call,
+            created_at=self._created,
+            status=status,
+            output=output,
+            max_output_tokens=self._max_output_tokens,
+            usage=usage,
+        )
+
+    def _text(self) -> str:
+        (choice,) = self._choices.values()
+        return self._planner.text(choice.plan.token_ids)
+
+    async def _event(self, name: str, fields: dict[str, Any], *, last: bool = False) -> None:
+        data = responses_api.sse_event(name, fields, self._sequence_number)
+        self._sequence_number += 1
+        await self._send({"type": "http.response.body", "body": data, "more_body": not last})
 
 
 def _header(scope: Scope, name: bytes) -> str | None:

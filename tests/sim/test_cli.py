@@ -42,6 +42,11 @@ def test_flags_map_onto_sim_config() -> None:
     assert cli.config_from_args(args).reject_duplicate_request_ids is True
     args = parser.parse_args(["--hide-metric", "vllm:cache_config_info", "--hide-metric", "x"])
     assert cli.config_from_args(args).hidden_metrics == ("vllm:cache_config_info", "x")
+    assert cli.config_from_args(parser.parse_args([])).max_stored_responses == 4096
+    args = parser.parse_args(["--max-stored-responses", "0"])
+    assert cli.config_from_args(args).max_stored_responses == 0
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--max-stored-responses", "-1"])
 
 
 def test_an_unknown_hidden_metric_is_refused_at_start(capsys: pytest.CaptureFixture[str]) -> None:
