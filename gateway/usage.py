@@ -5,7 +5,9 @@ actual usage afterwards. A non-streaming answer carries `usage`; a stream carrie
 last event only when the client asked for `stream_options.include_usage`; otherwise the
 completion tokens are counted as the stream's content events (vLLM sends one token per
 event per choice, after an opening event per choice that carries only the role), which is
-close but not exact; the prompt is counted once per prompt, as vLLM's `usage` does.
+close but not exact; the prompt is counted once per prompt, as vLLM's `usage` does. A
+Responses stream names its events (`event:` lines): its text deltas are its tokens, and its
+`response.completed` event always carries the usage.
 """
 
 from __future__ import annotations
@@ -46,6 +48,8 @@ class UsageMeter:
 
     def _event(self, event: bytes) -> None:
         if not event.startswith(b"data:"):
+            if event.startswith(b"event:"):
+                self._named(event)
             return
         payload = event[5:].strip()
         if payload == b"[DONE]":
@@ -58,6 +62,19 @@ class UsageMeter:
         if b'"role"' in payload and b'"content":""' in payload:
             return  # a chat stream's opening event per choice: no token yet
         self._events += 1
+
+    def _named(self, event: bytes) -> None:
+        """A named event: vLLM's Responses stream (`event: <type>` then `data: <json>`). Its
+        tokens are its `response.output_text.delta` events; its usage is in the `response`
+        of `response.completed` (the events before it carry `"usage": null`)."""
+        head, _, rest = event.partition(b"\n")
+        kind = head[6:].strip()
+        if kind == b"response.output_text.delta":
+            self._events += 1
+        elif kind in (b"response.completed", b"response.incomplete") and rest.startswith(b"data:"):
+            usage = _usage(rest[5:].strip())
+            if usage is not None:
+                self._reported = usage
 
     @property
     def streamed_tokens(self) -> int:

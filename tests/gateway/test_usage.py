@@ -117,3 +117,35 @@ def test_an_endless_stream_event_is_held_only_up_to_the_tail_and_usage_still_rea
         assert len(m._tail) <= TAIL
     m.feed(b"\n\n" + sse({"choices": [], "usage": {"total_tokens": 42}}, b"[DONE]"))
     assert m.total_tokens() == 42
+
+
+def named(kind, data):
+    return f"event: {kind}\ndata: {json.dumps(data)}\n\n".encode()
+
+
+def test_a_responses_stream_is_metered_by_its_named_events():
+    """vLLM's Responses stream names each event (`event:` then `data:`): the deltas are its
+    tokens as it goes, `response.completed` carries the usage; the events before it carry
+    `"usage": null` and are not tokens. (It was metered as 0 tokens: only `data:`-first
+    events were read.)"""
+    created = {"type": "response.created", "response": {"id": "resp_1", "usage": None}}
+    delta = {"type": "response.output_text.delta", "delta": "x"}
+    done = {
+        "type": "response.completed",
+        "response": {
+            "id": "resp_1",
+            "usage": {"input_tokens": 10, "output_tokens": 4, "total_tokens": 14},
+        },
+    }
+    stream = (
+        named("response.created", created)
+        + named("response.in_progress", created)
+        + b"".join(named("response.output_text.delta", delta) for _ in range(4))
+        + named("response.output_text.done", {"type": "response.output_text.done", "text": "x"})
+    )
+    m = UsageMeter(streaming=True, prompt_tokens=10)
+    for i in range(0, len(stream), 11):
+        m.feed(stream[i : i + 11])
+    assert m.streamed_tokens == 4  # as it goes, before the usage
+    m.feed(named("response.completed", done))
+    assert m.completion_tokens() == 4 and m.total_tokens() == 14
