@@ -8,7 +8,6 @@ capacity may have changed, a deadline, and clean-up when a client leaves.
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import logging
 import time
 from collections import Counter
@@ -18,8 +17,7 @@ from typing import Literal, Protocol
 
 from gateway.core.deadline import Unattainable, Verdict, Wait, out_of_reach
 from gateway.core.retry import ReleaseRate, RetryAdvice, RetryForecast, Room
-from gateway.core.routing import Candidate
-from gateway.core.types import DEFAULT_TENANT, EngineLoad, EngineView, Footprint, TenantPolicy
+from gateway.core.types import DEFAULT_TENANT, EngineLoad, Footprint, TenantPolicy
 from gateway.engines.pool import EnginePool
 from gateway.errors import GatewayError, NoEngine, RateLimited
 from gateway.state.base import (
@@ -29,15 +27,8 @@ from gateway.state.base import (
     Refusal,
     StateStore,
 )
-from gateway.state.engines import unstaged
 
 log = logging.getLogger(__name__)
-
-
-def engine_group(engines: frozenset[str]) -> str:
-    """The store's name for a set of engines (`StateStore.set_group`): the same on every
-    replica, short enough for a Redis key."""
-    return "g-" + hashlib.sha1("\n".join(sorted(engines)).encode()).hexdigest()[:16]
 
 
 # Waiters not behind anyone re-check at least this often even without a change notice
@@ -57,19 +48,6 @@ BEHIND_POLL_S = 10.0
 """A waiter behind an entry it cannot pass waits for that entry to leave; it looks again
 after this long at most anyway (a notice lost in a reconnect is followed by a wake-up of
 everyone; this is the last resort)."""
-
-MAX_GROUPS = 32
-"""Engine sets this process names in the store (`StateStore.set_group`; each model's, and
-the smaller sets of retries that exclude an engine or of requests tied to one): the store
-moves an engine in every group it belongs to at each change of its load, so their number is
-bounded; an ask for another set goes as one candidate per engine."""
-
-GROUP_IDLE_S = 60.0
-"""A named engine set no ask used for this long is dropped (`StateStore.drop_group`): the
-sets of retries that excluded an engine come and go, and each costs every change of its
-engines' load a move (31 such groups of 99 engines: an admission at 100 engines 49 -> 97 µs
-in-process, 145 -> 408 µs on Redis, a release there 52 -> 279 µs; docs/benchmarks.md).
-Named again when asked for again."""
 
 STAGE_WITHIN = 0.5
 """A waiter takes a staged slot (`admission.staged_seqs`: it would wait inside the engine
@@ -95,8 +73,8 @@ class Ask:
     tokens: int = 0
     tenant_max_blocks: int | None = None
     engines: frozenset[str] = field(init=False)
-    # The grouped form (`AdmissionAsk.group`): the footprint on most of its engines, and
-    # the engines where it differs (another block size, blocks expected cached there).
+    # As the store is asked (`AdmissionAsk.engines`): the footprint on most of its engines,
+    # and the engines where it differs (another block size, blocks expected cached there).
     need: Footprint = field(init=False, repr=False, compare=False)
     exceptions: tuple[tuple[str, Footprint], ...] = field(init=False, repr=False, compare=False)
     # The engines where its footprint carries prefix hashes the store may credit.
@@ -186,9 +164,6 @@ class Scheduler:
         self.waiting: dict[str, float] = {}
         """This process's requests in the line, by ask id: when each began to wait."""
         self._targeted: dict[str, None] = {}  # those with latency targets, in line order
-        # Engine sets named in the store: each its group and when an ask last used it, the
-        # least recently used first.
-        self._groups: dict[frozenset[str], tuple[str, float]] = {}
 
     async def admit(self, ask: Ask) -> Lease:
         """A lease on some engine, after waiting if needed; raises `RateLimited` (429), or
@@ -210,7 +185,7 @@ class Scheduler:
             else:
                 await self._refuse_out_of_reach(ask, first, ahead=len(self._targeted))
             entry = QueueEntry(ask.id, ask.tenant, ask.engines, ask.blocks, self.max_wait_s)
-            leftover = True  # until the store says no: its answer may be lost (Redis timeout)
+            leftover = True  # until the store says no: its answer may be lost (a timeout)
             places = self._line_places(claimed)
             verdict = await self.store.enqueue(entry, places)
             if verdict != "queued":
@@ -406,56 +381,30 @@ class Scheduler:
         return await self._try(ask.only(verdict.engines), queued=queued, stage=stage)
 
     async def _try(self, ask: Ask, *, queued: bool, stage: bool = True) -> Lease | Refusal:
-        """One decision, as a grouped ask (`AdmissionAsk.group`): the store is first given
-        the views that changed since the last decision and, the first time, the group of
-        the request's engines; it need not read every engine to decide. Prefix credit goes
-        only to engines that cache prefixes as the pool sees them now (the views given
-        first, so the store has made the leases it credited on an engine that stopped
-        caching whole before this decision: `StateStore.set_views`)."""
+        """One decision, on the request's engine set (`AdmissionAsk.engines`): the store is
+        first given the views that changed since the last decision, then the ask with its
+        common footprint and the few engines where it differs; how it keeps the engines is
+        its own. Prefix credit goes only to engines that cache prefixes as the pool sees
+        them now (the views given first, so the store has made the leases it credited on an
+        engine that stopped caching whole before this decision: `StateStore.set_views`)."""
         changed = self.pool.changed_views()
         if changed:
             await self.store.set_views(changed)
         ask = self._credit_where_cached(ask)
-        now = self.clock()
-        named = self._groups.pop(ask.engines, None)
-        group = named[0] if named else None
-        if group is None and len(self._groups) < MAX_GROUPS:
-            group = engine_group(ask.engines)
-            await self.store.set_group(group, ask.engines, self.kv_ceiling)
-        if group is not None:
-            self._groups[ask.engines] = (group, now)  # now the most recently used
-        await self._drop_idle_groups(now)
-        base = AdmissionAsk(
-            lease_id=ask.id,
-            kv_ceiling=self.kv_ceiling,
-            tenant=ask.tenant,
-            tokens=ask.tokens,
-            tenant_max_blocks=ask.tenant_max_blocks,
-            queued=queued,
-        )
-        if group is None:  # one engine set too many: every engine as a candidate
-            candidates = tuple(
-                Candidate(view=self._view(name, stage), need=need)
-                for name, need in sorted(ask.needs.items())
-                if self.pool.get(name) is not None
+        return await self.store.try_admit(
+            AdmissionAsk(
+                lease_id=ask.id,
+                kv_ceiling=self.kv_ceiling,
+                tenant=ask.tenant,
+                tokens=ask.tokens,
+                tenant_max_blocks=ask.tenant_max_blocks,
+                queued=queued,
+                engines=ask.engines,
+                need=ask.need,
+                exceptions=ask.exceptions,
+                staged=stage,
             )
-            return await self.store.try_admit(replace(base, candidates=candidates))
-        grouped = replace(base, group=group, need=ask.need, exceptions=ask.exceptions, staged=stage)
-        return await self.store.try_admit(grouped)
-
-    async def _drop_idle_groups(self, now: float) -> None:
-        """Drop the groups no ask used for `GROUP_IDLE_S` (the least recently used come
-        first, so this looks at one group unless some are to go)."""
-        while self._groups:
-            engines, (group, used) = next(iter(self._groups.items()))
-            if now - used < GROUP_IDLE_S:
-                return
-            del self._groups[engines]
-            await self.store.drop_group(group)
-
-    def _view(self, name: str, stage: bool) -> EngineView:
-        view = self.pool.view(name, EngineLoad())
-        return view if stage else unstaged(view)
+        )
 
     async def _refuse_unless_waitable(self, ask: Ask, refusal: Refusal) -> None:
         if refusal.waitable:

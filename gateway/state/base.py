@@ -67,17 +67,21 @@ class Lease:
 
 @dataclass(frozen=True, slots=True)
 class AdmissionAsk:
-    """Everything `try_admit` needs: the engines the request may use, in one of two forms.
+    """Everything `try_admit` needs: the engines the request may use, in one of three forms.
 
     - `candidates`: one per engine, its view as the caller sees it and the request's
       footprint there (every engine is read at every decision).
-    - The grouped form (`group` not None; issue 14, docs/engine-index.md): the engines of
-      `group`, as the store was told with `set_group`, their views as last given with
-      `set_views`; the request's footprint is `need` on each of them except the engines
-      named in `exceptions` (another block size, blocks it expects cached there); `staged`
-      False leaves out their staged sequence slots (`EngineView.staged_seqs`). A store
-      keeping the engines ordered decides without visiting all of them; one that does not
-      expands the ask into candidates (`EngineBook.candidates`), with the same result.
+    - The engine-set form (`engines` not None; what the scheduler sends; issue 14,
+      docs/engine-index.md): the engines of `engines`, their views as last given with
+      `set_views` (engines without one are left out); the request's footprint is `need` on
+      each of them except the engines named in `exceptions` (another block size, blocks it
+      expects cached there); `staged` False leaves out their staged sequence slots
+      (`EngineView.staged_seqs`). The store decides how: it may keep the set as a group,
+      ordered by free blocks, and decide without visiting every engine, or expand the ask
+      into candidates (`EngineBook.candidates`); the result is the same.
+    - The named form (`group` not None, with `need`, `exceptions` and `staged` as above):
+      the engines of a group the caller named with a store's own `set_group` (not part of
+      the port: tests and benchmarks that drive a store's groups directly).
 
     `tenant_max_blocks` is the tenant's `kv_share` turned into blocks by the caller (a
     fraction of all engines' usable blocks); None means no share limit. `queued` is True
@@ -94,6 +98,7 @@ class AdmissionAsk:
     need: Footprint | None = None
     exceptions: tuple[tuple[str, Footprint], ...] = ()
     staged: bool = True
+    engines: frozenset[str] | None = None
 
 
 RefusalCode = Literal[
@@ -160,61 +165,79 @@ QueueVerdict = Literal["queued", "queue_full", "tenant_queue_full"]
 
 
 class StateStore(Protocol):
+    """The port the scheduler (and the status and metrics readers) sees. How a store keeps
+    engines, groups of them, leases and the line is its own (memory.py, redis.py,
+    fallback.py): its caller never learns which store it has.
+
+    - Decisions: `try_admit`, `enqueue`, `dequeue`.
+    - A lease's life: `release`, `renew`, `extend`.
+    - What decisions read besides the ask: `set_views`.
+    - Waiting: `wait_for_change`, `wait_behind`.
+    - Reads (/admin/status, /metrics, the `x-ratelimit-*` headers, the 429's Retry-After):
+      `queue_length`, `blocks_ahead`, `loads`, `rate_limits`, `degraded`.
+    - `close`.
+
+    While the shared state cannot be reached, `try_admit`, `enqueue` and the reads raise
+    `gateway.state.errors.StateUnavailable` (503; the fail-open wrapper answers locally
+    instead); `release`, `renew`, `extend` and `dequeue` never do (they run in `finally`),
+    nor does `set_views` (what it could not give is given again before the next decision)."""
+
     async def try_admit(self, ask: AdmissionAsk) -> Lease | Refusal:
-        """Reserve on the best candidate that fits right now, or say why not."""
+        """Reserve on the best engine of the ask that fits right now, or say why not: one
+        atomic step (the module's contract). An ask in the engine-set form is decided
+        exactly as the same ask with its engines as candidates."""
         ...
 
     async def set_views(self, views: Sequence[EngineView]) -> None:
-        """The engines' views as the caller sees them now (for grouped asks; their `load`
-        is ignored: the store has its own). Only the engines whose view changed need be
-        given. A view of an engine that no longer caches prefixes (`EngineSpec.
-        prefix_caching`, True in the view given before) makes the leases this store holds
-        credited there whole: each is extended by its credit, once, before the call
-        returns (the caller gives prefixes only for engines that cache)."""
-        ...
-
-    async def set_group(self, group: str, engines: frozenset[str], kv_ceiling: float) -> None:
-        """Name a set of engines for grouped asks (`AdmissionAsk.group`), with the KV
-        ceiling its asks use. Engines without a view (`set_views`) are left out."""
-        ...
-
-    async def drop_group(self, group: str) -> None:
-        """Forget a group named by `set_group` (asks no longer name it): the store stops
-        keeping its engines ordered. No error if it was never set. On Redis only this
-        replica forgets it; Redis drops a group no replica asked on for a key TTL."""
+        """The engines' views as the caller sees them now (what asks in the engine-set form
+        are decided on; their `load` is ignored: the store has its own). Only the engines
+        whose view changed need be given. A view of an engine that no longer caches
+        prefixes (`EngineSpec.prefix_caching`, True in the view given before) makes the
+        leases this store holds credited there whole: each is extended by its credit, once,
+        before the call returns (the caller gives prefixes only for engines that cache)."""
         ...
 
     async def release(self, lease: Lease, used_tokens: int | None = None) -> bool:
         """Give the lease back; refund `lease.tokens − used_tokens` to the tenant's TPM.
-        Idempotent: True the first time, False after."""
+        Idempotent: True the first time, False after. Never raises for a lost shared
+        state (the release is sent later; the lease would expire anyway)."""
         ...
 
     async def renew(self, leases: Sequence[Lease]) -> None:
-        """Keep running requests' leases alive."""
+        """Keep running requests' leases alive (where leases expire). Never raises for a
+        lost shared state."""
         ...
 
     async def extend(self, lease: Lease, blocks: int) -> Lease:
         """Add `blocks` to a running request's lease (it outgrew a predicted reservation),
         on its engine and its tenant; never refused, even past the ceiling: the engine holds
         them already. Returns the lease as now held (unchanged if it is gone). Never raises
-        for a lost Redis (the lease then stays as it was)."""
+        for a lost shared state (the lease then stays as it was)."""
         ...
 
     async def enqueue(self, entry: QueueEntry, max_length: int) -> QueueVerdict:
-        """Join the waiting line (visible to every replica), unless it is full."""
+        """Join the waiting line (visible to every replica), unless it holds `max_length`
+        entries, the tenant its `max_queued`, or the tenant above its share of the line
+        would take its last places (docs/state.md, "Headroom")."""
         ...
 
     async def dequeue(self, entry_id: str) -> None:
-        """Leave the waiting line (admitted, timed out or gone). Idempotent."""
+        """Leave the waiting line (admitted, timed out or gone). Idempotent; never raises
+        for a lost shared state."""
         ...
 
-    async def queue_length(self) -> int: ...
+    async def queue_length(self) -> int:
+        """Entries in the line now (every replica's)."""
+        ...
 
     async def blocks_ahead(self, engines: frozenset[str]) -> int:
-        """Blocks wanted by queued entries competing for any of `engines`."""
+        """Blocks wanted by queued entries competing for any of `engines` (the 429's
+        Retry-After: what the line holds ahead of a retry)."""
         ...
 
-    async def rate_limits(self, tenant: TenantPolicy) -> RateLimitState: ...
+    async def rate_limits(self, tenant: TenantPolicy) -> RateLimitState:
+        """The tenant's rate limits as they stand (the `x-ratelimit-*` headers)."""
+        ...
 
     async def loads(self) -> dict[str, EngineLoad]:
         """Reserved blocks and sequences per engine; engines holding nothing may be absent."""
@@ -241,4 +264,7 @@ class StateStore(Protocol):
         """True while the shared state cannot be reached (never, in-process)."""
         ...
 
-    async def close(self) -> None: ...
+    async def close(self) -> None:
+        """Stop background work and wake every waiter; leases still held are not released
+        (where leases expire, they do within their TTL)."""
+        ...

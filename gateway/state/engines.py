@@ -1,8 +1,9 @@
-"""The engines as a store knows them for grouped asks (`AdmissionAsk.group`; issue 14,
-docs/engine-index.md): their views as the scheduler last gave them (`StateStore.set_views`)
-and named groups of them (`StateStore.set_group`).
+"""The engines as a store knows them for asks in the engine-set or named form
+(`AdmissionAsk.engines`, `AdmissionAsk.group`; issue 14, docs/engine-index.md): their views as
+the scheduler last gave them (`StateStore.set_views`) and the groups the store keeps of
+them (named by its `GroupCache`, groups.py, or by a test's `set_group`).
 
-`EngineBook` only keeps them and expands a grouped ask into candidates (what a store that
+`EngineBook` only keeps them and expands such an ask into candidates (what a store that
 scores every engine decides on; the Redis store keeps one to give Redis its views and
 groups again when Redis lost them). `OrderedEngines` (the in-process store's) also keeps each
 group's engines ordered by free blocks (`gateway.core.engine_order.EngineOrder`) with the
@@ -80,28 +81,43 @@ class EngineBook:
     def group(self, ask_group: str) -> Group:
         got = self.groups.get(ask_group)
         if got is None:
-            raise KeyError(f"engine group {ask_group!r} was never set (StateStore.set_group)")
+            raise KeyError(f"engine group {ask_group!r} was never set (set_group)")
         return got
 
-    def candidates(self, ask: AdmissionAsk) -> tuple[Candidate, ...]:
-        """The candidates a grouped ask stands for: each engine of its group with a view,
-        in name order, with its footprint there (`ask.need`, or its exception's)."""
-        assert ask.group is not None and ask.need is not None, "not a grouped ask"
-        kept = self.group(ask.group)
+    def candidates(self, ask: AdmissionAsk, group: str | None = None) -> tuple[Candidate, ...]:
+        """The candidates an ask in the engine-set or the named form stands for: each of its
+        engines with a view, in name order, with its footprint there (`ask.need`, or its
+        exception's). `group`: the group the store keeps of the ask's engine set, if any
+        (its names are sorted already)."""
+        assert ask.need is not None, "an ask with candidates already"
+        named = group if group is not None else ask.group
+        if named is not None:
+            names: Iterable[str] = self.group(named).names
+        else:
+            assert ask.engines is not None, "an ask with candidates already"
+            names = sorted(ask.engines)
         special = dict(ask.exceptions)
         out = []
-        for name in kept.names:
+        for name in names:
             view = self.views.get(name)
             if view is not None:
                 view = view if ask.staged else unstaged(view)
                 out.append(Candidate(view, special.get(name, ask.need)))
         return tuple(out)
 
-    def expand(self, ask: AdmissionAsk) -> AdmissionAsk:
-        """A grouped ask as the same ask with candidates (any other ask as it is)."""
-        if ask.group is None:
+    def expand(self, ask: AdmissionAsk, group: str | None = None) -> AdmissionAsk:
+        """An ask in the engine-set or the named form as the same ask with candidates (`group`
+        as for `candidates`); an ask with candidates as it is."""
+        if ask.group is None and ask.engines is None:
             return ask
-        return replace(ask, candidates=self.candidates(ask), group=None, need=None, exceptions=())
+        return replace(
+            ask,
+            candidates=self.candidates(ask, group),
+            group=None,
+            engines=None,
+            need=None,
+            exceptions=(),
+        )
 
 
 @dataclass

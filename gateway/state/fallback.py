@@ -63,7 +63,7 @@ class FailOpenLocal:
     async def try_admit(self, ask: AdmissionAsk) -> Lease | Refusal:
         self._start()
         await self._adopt()
-        ask = self.shared.engines.expand(ask)  # both stores see it as Redis does
+        ask = await self.shared.as_candidates(ask)  # both stores see it as Redis does
         try:
             return await self.shared.try_admit(ask)
         except StateUnavailable:
@@ -76,12 +76,6 @@ class FailOpenLocal:
     async def set_views(self, views: Sequence[EngineView]) -> None:
         await self.local.set_views(views)  # its leases of an outage are made whole there too
         await self.shared.set_views(views)
-
-    async def set_group(self, group: str, engines: frozenset[str], kv_ceiling: float) -> None:
-        await self.shared.set_group(group, engines, kv_ceiling)
-
-    async def drop_group(self, group: str) -> None:
-        await self.shared.drop_group(group)
 
     async def release(self, lease: Lease, used_tokens: int | None = None) -> bool:
         if lease.id in self._outage:
@@ -173,6 +167,14 @@ class FailOpenLocal:
     async def totals(self) -> StoreTotals:
         """What Redis holds (tests and metrics)."""
         return await self.shared.totals()
+
+    async def set_group(self, group: str, engines: frozenset[str], kv_ceiling: float) -> None:
+        """A group for asks in the named form (`RedisStore.set_group`; tests)."""
+        await self.shared.set_group(group, engines, kv_ceiling)
+
+    async def drop_group(self, group: str) -> None:
+        """Forget a group named by `set_group` (`RedisStore.drop_group`; tests)."""
+        await self.shared.drop_group(group)
 
     # ---- internals -----------------------------------------------------------------------
 

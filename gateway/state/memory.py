@@ -35,6 +35,7 @@ from gateway.state.base import (
     Refusal,
 )
 from gateway.state.engines import OrderedEngines, OrderedGroup, unstaged
+from gateway.state.groups import GroupCache
 from gateway.state.totals import StoreTotals
 from gateway.state.wakeups import BehindWaiters
 
@@ -141,6 +142,7 @@ class InMemoryStore:
         self._changed = asyncio.Event()
         self._behind = BehindWaiters()  # `wait_behind` callers (this store's calls report)
         self._engines = OrderedEngines(lambda name: self._loads.get(name, _NO_LOAD))
+        self.groups = GroupCache()  # the engine sets kept as groups (`_group_of`)
         # How the order ranks as the router does (routing.py `ordered_by`); None: grouped
         # asks are expanded and every engine scored.
         self._ordered_routing = router.ordered_by
@@ -149,6 +151,8 @@ class InMemoryStore:
         if ask.lease_id in self._held:
             raise KeyError(f"lease {ask.lease_id} already exists")
         now = self._expire()
+        # The ask's engine set is used whatever the answer: a waiter asks on it again.
+        group = ask.group if ask.engines is None else self._group_of(ask, now)
         policy = ask.tenant
         usage = self._tenants.get(policy.name, TenantUsage())
         refused = tenants.check_rates(
@@ -161,19 +165,32 @@ class InMemoryStore:
         )
         if refused is not None:
             return Refusal(refused.code, refused.retry_after_s)
-        if ask.group is not None:
-            ordered = self._engines.ordered.get(ask.group)
+        if group is not None or ask.engines is not None:  # not an ask with candidates
+            ordered = self._engines.ordered.get(group) if group is not None else None
             if ordered is not None and self._orderable(ask, ordered):
                 chosen = self._choose_ordered(ask, ordered, usage, now)
                 if isinstance(chosen, Refusal):
                     return chosen
                 if isinstance(chosen, Candidate):
                     return self._grant(ask, usage, now, chosen)
-            ask = self._engines.expand(ask)
+            ask = self._engines.expand(ask, group)
         chosen = self._choose(ask, usage, now)
         if not isinstance(chosen, Candidate):
             return chosen
         return self._grant(ask, usage, now, chosen)
+
+    def _group_of(self, ask: AdmissionAsk, now: float) -> str | None:
+        """The group this store keeps of the ask's engine set (set up the first time; None
+        past `MAX_GROUPS` sets: decided as candidates); the groups no ask used for
+        `GROUP_IDLE_S` are dropped (groups.py). Only these groups cost a move at every change
+        of an engine's load."""
+        assert ask.engines is not None
+        group = self.groups.use(ask.engines, now)
+        if group is not None and group not in self._engines.ordered:
+            self._engines.set_group(group, ask.engines, ask.kv_ceiling)
+        while (idle := self.groups.idle(now)) is not None:
+            self._engines.drop_group(idle)
+        return group
 
     def _choose(self, ask: AdmissionAsk, usage: TenantUsage, now: float) -> Candidate | Refusal:
         """The engine for an ask with candidates: every one of them scored."""
@@ -413,12 +430,6 @@ class InMemoryStore:
                 self._whole.add(lease.id)
                 await self.extend(lease, lease.credit)
 
-    async def set_group(self, group: str, engines: frozenset[str], kv_ceiling: float) -> None:
-        self._engines.set_group(group, engines, kv_ceiling)
-
-    async def drop_group(self, group: str) -> None:
-        self._engines.drop_group(group)
-
     async def release(self, lease: Lease, used_tokens: int | None = None) -> bool:
         held = self._held.pop(lease.id, None)
         if held is None:
@@ -573,6 +584,18 @@ class InMemoryStore:
             tenant_in_flight={t: u.in_flight for t, u in self._tenants.items() if u.in_flight},
             tenant_blocks={t: u.blocks for t, u in self._tenants.items() if u.blocks},
         )
+
+    async def set_group(self, group: str, engines: frozenset[str], kv_ceiling: float) -> None:
+        """Name a group of engines for asks in the named form (`AdmissionAsk.group`), with
+        the KV ceiling its asks use; engines without a view (`set_views`) are left out. Not
+        part of the port: the store names its own groups for the engine-set form (`groups`);
+        tests and benchmarks drive groups directly. Kept until `drop_group`."""
+        self._engines.set_group(group, engines, kv_ceiling)
+
+    async def drop_group(self, group: str) -> None:
+        """Forget a group named by `set_group`: its engines are no longer moved in it, and
+        asks may no longer name it. No error if it was never set."""
+        self._engines.drop_group(group)
 
     def _credited(self, c: Candidate) -> Candidate:
         """The candidate with the leading prefix blocks live leases hold on its engine taken

@@ -75,6 +75,7 @@ from gateway.state.base import (
 )
 from gateway.state.engines import EngineBook, Group
 from gateway.state.errors import StateUnavailable
+from gateway.state.groups import GroupCache
 from gateway.state.scripts import Lane, Library, Script
 from gateway.state.totals import StoreTotals
 from gateway.state.wakeups import BehindWaiters
@@ -120,7 +121,7 @@ most ~0.45 ms each (measured) instead of one of ~15 ms that holds Redis's one th
 ~1.3x the server time in all (issue 14; docs/benchmarks.md)."""
 _DEPARTED_KEPT = 4096  # entries remembered as gone (`wait_behind` begun after the notice)
 ORDER_MIN_ENGINES = 16
-"""Engine sets (`set_group`) this large or larger are kept ordered on Redis (grouped asks
+"""Engine groups this large or larger are kept ordered on Redis (grouped asks
 decided from the order, docs/engine-index.md); the asks for smaller ones go as candidates.
 Measured (docs/benchmarks.md, "engines kept ordered on Redis"): keeping the order costs a
 few Redis commands at every change of an engine's load, which scoring every candidate
@@ -273,11 +274,14 @@ class RedisStore:
         self._behind = BehindWaiters(_DEPARTED_KEPT)  # `wait_behind` callers: the notices
         self._tasks: list[asyncio.Task[None]] = []
         self._closed = False
-        # Views and groups as the scheduler gave them. The groups of `order_min_engines` or
-        # more engines are kept ordered on Redis (`_ordered`; their engines `_in_order`,
-        # whose views Redis keeps), to give again when Redis lost them; `_unsynced`: a push
-        # failed, give them all before the next grouped ask.
+        # Views as the scheduler gave them, and the groups of engine sets its asks came with
+        # (or named by `set_group`). The groups of `order_min_engines` or more engines are
+        # kept ordered on Redis (`_ordered`; their engines `_in_order`, whose views Redis
+        # keeps), to give again when Redis lost them; `_unsynced`: a push failed, give them
+        # all before the next grouped ask.
         self.engines = EngineBook()
+        self.groups = GroupCache()  # the engine sets kept as groups (`_group_of`)
+        self._group_clock = clock or time.monotonic  # their last uses
         self.order_min_engines = order_min_engines
         self._ordered: dict[str, Group] = {}
         self._in_order: set[str] = set()
@@ -287,24 +291,26 @@ class RedisStore:
 
     async def try_admit(self, ask: AdmissionAsk) -> Lease | Refusal:
         check_policy(ask.tenant.priority, ask.tenant.weight)
-        if ask.group is not None and (
-            ask.group not in self._ordered or ask.need is None or ask.need.credit
+        group = ask.group if ask.engines is None else await self._group_of(ask)
+        if (group is not None or ask.engines is not None) and (
+            group not in self._ordered or ask.need is None or ask.need.credit
         ):
-            # A small group (or one never set: KeyError), or a need that arrives credited
-            # (credit is the store's to give): decided as the candidates it stands for.
-            ask = self.engines.expand(ask)
-        if ask.group is not None:
+            # A small group (or one never set: KeyError), past `MAX_GROUPS` sets, or a need
+            # that arrives credited (credit is the store's to give): decided as the
+            # candidates it stands for.
+            ask, group = self.engines.expand(ask, group), None
+        if group is not None:
             # Decided from the views and groups Redis holds (engines.lua): the group's
             # engines kept ordered by free blocks (admit.lua `ordered`).
             if self._unsynced:
                 await self._regroup()
-            args = self._admit_args(ask)
+            args = self._admit_args(ask, group)
             reply = await self._call("admit", args)
             if _text(reply[0]) == "regroup":  # its keys expired: give them again
                 await self._regroup()
                 reply = await self._call("admit", args)
             if _text(reply[0]) == "regroup":  # lost again at once: as candidates this time
-                ask = self.engines.expand(ask)
+                ask = self.engines.expand(ask, group)
                 reply = await self._call("admit", self._admit_args(ask))
         else:
             reply = await self._call("admit", self._admit_args(ask))
@@ -356,53 +362,6 @@ class RedisStore:
             if record["e"] == engine and credit and lease_id not in self._whole:
                 self._whole.add(lease_id)
                 await self.extend(Lease(lease_id, engine, int(record["b"]), 0), credit)
-
-    async def set_group(self, group: str, engines: frozenset[str], kv_ceiling: float) -> None:
-        made = self.engines.set_group(group, engines, kv_ceiling)
-        if len(made.names) < self.order_min_engines:
-            if self._ordered.pop(group, None) is not None:  # its asks go as candidates
-                self._orders_changed()
-            return
-        self._ordered[group] = made
-        self._orders_changed()
-        await self._push(self._views_call(made.names))
-        await self._push(self._group_call(group, made))
-
-    async def drop_group(self, group: str) -> None:
-        """Forgotten by this replica only: another may still ask on it. Redis drops a group
-        no replica asked on for a key TTL (renew.lua), and a replica asking on it after that
-        gives it again (`_regroup`)."""
-        self.engines.drop_group(group)
-        if self._ordered.pop(group, None) is not None:
-            self._orders_changed()
-
-    def _orders_changed(self) -> None:
-        """`_in_order` again from `_ordered` (after a group was kept, dropped or let go)."""
-        self._in_order = {name for made in self._ordered.values() for name in made.names}
-
-    async def _push(self, args: list[str] | None) -> None:
-        """Give Redis views or a group (engines.lua); if it does not answer, every view and
-        group is given again before the next grouped ask (`_regroup`)."""
-        if args is None or self._unsynced:
-            return
-        try:
-            await self._call("engines", args)
-        except StateUnavailable:
-            self._unsynced = True
-
-    async def _regroup(self) -> None:
-        """Give Redis every view and group this replica keeps ordered there (their keys
-        expired, or a push failed); raises `StateUnavailable` if it does not answer."""
-        self._unsynced = False
-        calls = [self._views_call(self._in_order)]
-        calls += [self._group_call(group, made) for group, made in self._ordered.items()]
-        try:
-            for args in calls:
-                if args is not None:
-                    await self._call("engines", args)
-        except StateUnavailable:
-            self._unsynced = True
-            raise
 
     async def release(self, lease: Lease, used_tokens: int | None = None) -> bool:
         """Never raises for a lost Redis: the release is retried in the background (and the
@@ -525,6 +484,82 @@ class RedisStore:
         await self._background_lane.aclose()
         await self._redis.aclose()
 
+    # ---- engine groups: the store's own, not part of the port ----------------------------
+
+    async def _group_of(self, ask: AdmissionAsk) -> str | None:
+        """The group this replica keeps of the ask's engine set (given to Redis the first
+        time if it is kept ordered there; None past `MAX_GROUPS` sets: decided as
+        candidates); the groups no ask used for `GROUP_IDLE_S` are forgotten here
+        (groups.py; Redis drops them itself, `drop_group`)."""
+        assert ask.engines is not None
+        now = self._group_clock()
+        group = self.groups.use(ask.engines, now)
+        if group is not None and group not in self.engines.groups:
+            await self.set_group(group, ask.engines, ask.kv_ceiling)
+        while (idle := self.groups.idle(now)) is not None:
+            await self.drop_group(idle)
+        return group
+
+    async def as_candidates(self, ask: AdmissionAsk) -> AdmissionAsk:
+        """The ask with candidates (one with candidates as it is), its engine set's group
+        used first as `try_admit` would: what the fail-open wrapper gives both its stores.
+        Not part of the port."""
+        group = ask.group if ask.engines is None else await self._group_of(ask)
+        return self.engines.expand(ask, group)
+
+    async def set_group(self, group: str, engines: frozenset[str], kv_ceiling: float) -> None:
+        """Name a group of engines for asks in the named form (`AdmissionAsk.group`), with
+        the KV ceiling its asks use; engines without a view (`set_views`) are left out. A
+        group of `order_min_engines` or more is given to Redis, which keeps it ordered. Not
+        part of the port: the store names its own groups for the engine-set form
+        (`groups`); tests and benchmarks drive groups directly."""
+        made = self.engines.set_group(group, engines, kv_ceiling)
+        if len(made.names) < self.order_min_engines:
+            if self._ordered.pop(group, None) is not None:  # its asks go as candidates
+                self._orders_changed()
+            return
+        self._ordered[group] = made
+        self._orders_changed()
+        await self._push(self._views_call(made.names))
+        await self._push(self._group_call(group, made))
+
+    async def drop_group(self, group: str) -> None:
+        """Forget a group named by `set_group` (no error if it was never set), by this
+        replica only: another may still ask on it. Redis drops a group no replica asked on
+        for a key TTL (renew.lua), and a replica asking on it after that gives it again
+        (`_regroup`)."""
+        self.engines.drop_group(group)
+        if self._ordered.pop(group, None) is not None:
+            self._orders_changed()
+
+    def _orders_changed(self) -> None:
+        """`_in_order` again from `_ordered` (after a group was kept, dropped or let go)."""
+        self._in_order = {name for made in self._ordered.values() for name in made.names}
+
+    async def _push(self, args: list[str] | None) -> None:
+        """Give Redis views or a group (engines.lua); if it does not answer, every view and
+        group is given again before the next grouped ask (`_regroup`)."""
+        if args is None or self._unsynced:
+            return
+        try:
+            await self._call("engines", args)
+        except StateUnavailable:
+            self._unsynced = True
+
+    async def _regroup(self) -> None:
+        """Give Redis every view and group this replica keeps ordered there (their keys
+        expired, or a push failed); raises `StateUnavailable` if it does not answer."""
+        self._unsynced = False
+        calls = [self._views_call(self._in_order)]
+        calls += [self._group_call(group, made) for group, made in self._ordered.items()]
+        try:
+            for args in calls:
+                if args is not None:
+                    await self._call("engines", args)
+        except StateUnavailable:
+            self._unsynced = True
+            raise
+
     # ---- not part of the port ------------------------------------------------------------
 
     async def totals(self) -> StoreTotals:
@@ -593,7 +628,11 @@ class RedisStore:
     def _group_call(group: str, made: Group) -> list[str]:
         return ["group", group, repr(made.kv_ceiling), *made.names]
 
-    def _admit_args(self, ask: AdmissionAsk) -> list[str]:
+    def _admit_args(self, ask: AdmissionAsk, group: str | None = None) -> list[str]:
+        """admit.lua's arguments: an ask with candidates, or decided on `group` (by default
+        the named form's)."""
+        if group is None:
+            group = ask.group
         policy = ask.tenant
         seed = "" if self._rng is None else str(self._rng.randrange(2**31))
         args = [
@@ -614,7 +653,7 @@ class RedisStore:
             repr(self.burst_blocks),
             repr(self.headroom),
             repr(self.active_window_s),
-            str(len(ask.candidates)) if ask.group is None else "g",
+            str(len(ask.candidates)) if group is None else "g",
             repr(self.cached_block_weight),
         ]
         lists: dict[tuple[bytes, ...], int] = {}  # each prefix sent once: engines share sizes
@@ -623,9 +662,9 @@ class RedisStore:
             number = lists.setdefault(f.prefix, len(lists) + 1) if f.prefix else 0
             return [str(f.blocks), str(f.seqs), str(f.prompt_blocks), str(number), str(f.cached)]
 
-        if ask.group is not None:
+        if group is not None:
             assert ask.need is not None
-            args += [ask.group, repr(float(ask.kv_ceiling)), "1" if ask.staged else "0"]
+            args += [group, repr(float(ask.kv_ceiling)), "1" if ask.staged else "0"]
             args += footprint(ask.need)
             args.append(str(len(ask.exceptions)))
             for name, f in ask.exceptions:

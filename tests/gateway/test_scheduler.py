@@ -291,15 +291,10 @@ async def test_a_retry_finds_the_place_its_advice_promised() -> None:
     await sched.release(lease)
 
 
-async def test_asks_are_grouped_up_to_max_groups_engine_sets_then_sent_as_candidates(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """The scheduler names at most `MAX_GROUPS` engine sets in the store (each costs a move
-    per change of an engine's load); an ask for another set goes as one candidate per
-    engine. Both forms get leases, on the engines they name."""
-    import gateway.scheduler as scheduling
-
-    monkeypatch.setattr(scheduling, "MAX_GROUPS", 1)
+async def test_the_scheduler_asks_on_the_requests_engines_and_the_store_keeps_their_group() -> None:
+    """The scheduler names no engine group: it sends the request's engine set with its
+    common footprint and the engines where it differs (`AdmissionAsk.engines`); the store
+    keeps a group of the set (tests/state/test_group_cache.py)."""
     specs = [EngineSpec(n, f"http://{n}", frozenset({"m"}), 101, 16, 8, 4096) for n in "ab"]
     seen: list[AdmissionAsk] = []
 
@@ -310,55 +305,13 @@ async def test_asks_are_grouped_up_to_max_groups_engine_sets_then_sent_as_candid
 
     store = Recording(Router(), random.Random(0))
     sched = scheduler(store, pool=EnginePool(specs))
-    need = Footprint(4, 1, 64)
-    both = await sched.admit(Ask(id="both", needs={"a": need, "b": need}))
-    only_b = await sched.admit(Ask(id="only-b", needs={"b": Footprint(8, 1, 128)}))
-    again = await sched.admit(Ask(id="again", needs={"a": need, "b": need}))
-    assert [a.group is not None for a in seen] == [True, False, True]
-    assert [c.view.spec.name for c in seen[1].candidates] == ["b"]
-    assert both.engine in "ab" and only_b.engine == "b"
-    # b holds 8 or 12 of its 100 blocks, a 4 or none: the grouped ask takes a either way.
-    assert again.engine == "a"
-
-
-async def test_an_engine_set_no_ask_used_for_group_idle_s_is_dropped_from_the_store() -> None:
-    """A named engine set (a retry's, say, that excluded an engine) costs every change of
-    its engines' load a move in the store: once no ask used it for `GROUP_IDLE_S` it is
-    dropped, and named again when an ask wants it again."""
-    from gateway.scheduler import GROUP_IDLE_S, engine_group
-
-    specs = [EngineSpec(n, f"http://{n}", frozenset({"m"}), 101, 16, 8, 4096) for n in "ab"]
-    dropped: list[str] = []
-
-    class Recording(InMemoryStore):
-        async def drop_group(self, group: str) -> None:
-            dropped.append(group)
-            await super().drop_group(group)
-
-    now = [0.0]
-    store = Recording(Router(), random.Random(0), clock=lambda: now[0])
-    sched = scheduler(store, pool=EnginePool(specs), clock=lambda: now[0])
-    need = Footprint(4, 1, 64)
-    both, only_b = engine_group(frozenset("ab")), engine_group(frozenset("b"))
-
-    async def admit(engines: str) -> None:
-        lease = await sched.admit(Ask(id=f"x-{now[0]}", needs={n: need for n in engines}))
-        await sched.release(lease)
-
-    await admit("ab")
-    now[0] = GROUP_IDLE_S / 2
-    await admit("b")
-    now[0] = GROUP_IDLE_S  # "ab" unused for GROUP_IDLE_S: dropped; "b" stays
-    await admit("b")
-    assert dropped == [both]
-    with pytest.raises(KeyError):  # the store forgot it
-        await store.try_admit(AdmissionAsk("probe", group=both, need=need))
-    now[0] = 3 * GROUP_IDLE_S  # asked for again: named again, and "b" goes in its turn
-    await admit("ab")
-    assert dropped == [both, only_b]
-    lease = await store.try_admit(AdmissionAsk("probe", group=both, need=need))
-    assert isinstance(lease, Lease)
-    await store.release(lease)
+    need, other = Footprint(4, 1, 64), Footprint(6, 1, 96)  # b: another block size, say
+    lease = await sched.admit(Ask(id="x", needs={"a": need, "b": other}))
+    (asked,) = seen
+    assert (asked.engines, asked.group, asked.candidates) == (frozenset("ab"), None, ())
+    assert (asked.need, asked.exceptions) in ((need, (("b", other),)), (other, (("a", need),)))
+    assert frozenset("ab") in store.groups
+    await sched.release(lease)
 
 
 async def test_each_stay_in_the_line_is_told_once_as_it_ends_by_how_it_ended() -> None:
