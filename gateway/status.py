@@ -58,6 +58,8 @@ class Extras:
     """The configured classes (`slo.classes`)."""
     default_class: str | None = None
     class_header: str | None = None
+    stored_responses: tuple[int, int] = (0, 0)
+    """This process's Responses API id log (`stored_responses.ResponseLog`): entries, bound."""
 
 
 async def snapshot(
@@ -90,7 +92,15 @@ async def snapshot(
         "schema_version": SCHEMA_VERSION,
         "id": f"{os.getpid()}-{next(_ids)}",
         "generated_at": round(wall(), 3),
-        "process": {"pid": os.getpid(), "worker": index, "workers": count},
+        "process": {
+            "pid": os.getpid(),
+            "worker": index,
+            "workers": count,
+            "stored_responses": {
+                "entries": extras.stored_responses[0],
+                "max": extras.stored_responses[1],
+            },
+        },
         "engines": engines,
         "queue": {
             "length": await store.queue_length(),

@@ -35,6 +35,11 @@ class ResponseLog:
     def __len__(self) -> int:
         return len(self._entries)
 
+    @property
+    def max_entries(self) -> int:
+        """The bound: past it the oldest is forgotten."""
+        return self._max
+
     def remember(self, response_id: str, engine: str, total_tokens: int) -> None:
         self._entries[response_id] = StoredResponse(engine, total_tokens)
         self._entries.move_to_end(response_id)

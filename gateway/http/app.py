@@ -64,6 +64,7 @@ def status_extras(runtime: Runtime, worker: tuple[int, int] | None = None) -> st
         service_classes=[slo.service_class(name) for name in slo.classes],
         default_class=slo.default_class,
         class_header=slo.header,
+        stored_responses=(len(service.responses), service.responses.max_entries),
     )
 
 

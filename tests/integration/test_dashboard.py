@@ -155,7 +155,12 @@ async def test_per_tenant_usage_matches_the_answers_on_metrics_and_status():
         assert status["traffic"]["admitted"] == 5
         assert status["traffic"]["queued"] == {}
         assert status["traffic"]["requests"] == {"200": 5, "invalid_api_key": 1, "tenant_rpm": 1}
-        assert status["process"] == {"pid": status["process"]["pid"], "worker": None, "workers": 1}
+        assert status["process"] == {
+            "pid": status["process"]["pid"],
+            "worker": None,
+            "workers": 1,
+            "stored_responses": {"entries": 0, "max": 10_000},  # no Responses request here
+        }
         assert status["queue"] == {"length": 0, "oldest_wait_s": None}
         assert [m["name"] for m in status["models"]] == ["tiny"]
 
