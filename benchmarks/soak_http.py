@@ -25,11 +25,10 @@ of the warm-up: `prefix_cache.index_entries` 4096, checked at `/admin/status` (t
 prefix index entries at the end of the warm-up and at the end); the output-length samples, a
 window of `reservation.window` requests (1,000); the Responses API's id log
 (`gateway/stored_responses.py`, the last `MAX_STORED` = 10,000 answers the gateway relayed to
-their end). `/admin/status` does not show that log's size: the run counts the Responses
-answers the load read to their end with status 200 — each one an id the gateway remembered —
-and reports the log as holding `min(that count, 10,000)`, full once the count reaches it: about
-two thirds of the Responses requests are read in full (the others are refused, cancelled or
-bad), so at about 38,000 requests (2026-12-08: 13,184 answers read by 50,552 requests).
+their end), read at `/admin/status` (`process.stored_responses`) beside the Responses answers
+the load read to their end with status 200: about two thirds of the Responses requests are
+read in full (the others are refused, cancelled or bad), so it is full after about 38,000
+requests (2026-12-08: 13,184 answers read by 50,552 requests).
 
 The gateway's resident memory (`/proc/PID/statm`) is sampled every `--sample-s` with the
 number of requests ended so far. After `--warmup` requests, the next `--requests` (or
@@ -64,7 +63,6 @@ import httpx
 
 from gateway.harness import Child, GatewayProcess, RedisServer, SimProcess
 from gateway.loadtest.cpu import loadavg, machine
-from gateway.stored_responses import MAX_STORED
 
 MODEL = "tiny"
 ADMIN_KEY = "soak-admin"
@@ -281,10 +279,11 @@ def index_entries(snap: dict[str, Any]) -> int:
     return sum((e.get("prefix_index") or {}).get("blocks", 0) for e in snap["engines"])
 
 
-def stored_responses(answered: int) -> dict[str, int]:
-    """The gateway's Responses id log, from the answers the load read in full (each one an id
-    it remembered; `/admin/status` does not show the log)."""
-    return {"answered": answered, "entries": min(answered, MAX_STORED), "max": MAX_STORED}
+def stored_responses(snap: dict[str, Any], answered: int) -> dict[str, int]:
+    """The gateway's Responses id log as `/admin/status` shows it, and the Responses answers
+    the load read in full (each one an id it remembered)."""
+    log = snap["process"]["stored_responses"]
+    return {"answered": answered, "entries": log["entries"], "max": log["max"]}
 
 
 def leftovers(snap: dict[str, Any]) -> dict[str, int]:
@@ -340,7 +339,7 @@ def run(args: argparse.Namespace, workdir: Path, children: list[Any]) -> dict[st
                 snap = status(gateway.url)
                 warm = {"at_s": now, "requests": count, "rss": samples[-1][2]}
                 warm["index_entries"] = index_entries(snap)
-                warm["stored_responses"] = stored_responses(answered.value)
+                warm["stored_responses"] = stored_responses(snap, answered.value)
                 deadline = now + args.max_seconds
                 print(f"warm-up done: {warm}", flush=True)
             elif len(samples) % 12 == 0:
@@ -369,7 +368,7 @@ def run(args: argparse.Namespace, workdir: Path, children: list[Any]) -> dict[st
         seconds=samples[-1][0],
         slope_bytes_per_request={"all": [b_all, ci_all], "last_half": [b_half, ci_half]},
         index_entries_end=index_entries(snap),
-        stored_responses_end=stored_responses(answered.value),
+        stored_responses_end=stored_responses(snap, answered.value),
         leftovers=leftovers(snap),
         samples=samples,
     )
