@@ -229,11 +229,13 @@ def test_tenants_send_their_own_keys_and_loads(
     workload.write_text(
         "tenants:\n"
         "  - {name: a, api_key_env: KEY_A, concurrency: 2, input_len: 40}\n"
-        f"  - {{name: b, api_key_file: {tmp_path / 'b.key'}, rate: 50, input_len: 60}}\n"
+        f"  - {{name: b, api_key_file: {tmp_path / 'b.key'}, rate: 1000, input_len: 60}}\n"
     )
+    # b at 1,000 a second: its first arrival is due within ~1 ms, before a's closed loop of
+    # 2 can take all 40 requests (at 50 a second it sometimes took all 20 first: flaky).
     code, report, _ = run_tool(
         capsys, tmp_path, "run", "--target", serve(server.app), "--workload", str(workload),
-        "--requests", "20",
+        "--requests", "40",
     )  # fmt: skip
     assert code == 0
     by_tenant = {r["tenant"]: r for r in report["records"]}
@@ -241,4 +243,4 @@ def test_tenants_send_their_own_keys_and_loads(
     assert set(server.keys) == {"Bearer sk-a", "Bearer sk-b"}
     assert {r["input_tokens"] for r in report["records"] if r["tenant"] == "b"} == {60}
     assert set(report["summary"]["per_tenant"]) == {"a", "b"}
-    assert sum(t["requests"] for t in report["summary"]["per_tenant"].values()) == 20
+    assert sum(t["requests"] for t in report["summary"]["per_tenant"].values()) == 40
